@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs ON the lent GPU machine, from the repository root (the device tool's working directory).
+#
+#   bash benchmarks/gpu/device.sh receive .gpN       # keep one carried wheel part in /tmp/parts
+#   bash benchmarks/gpu/device.sh bench [STAGE...]   # install once, then measure (default: profiles platform)
+#
+# Wheel parts come from benchmarks/gpu/prepare.sh, one device call per part (a call carries at most
+# 64 MiB). A warm machine keeps /tmp between calls, not the carried folders; so each call must follow
+# the previous one within the machine's 30 s warm window. Stages: profiles, platform, compare, fusions,
+# variants (benchmarks/gpu/run.py).
+set -euo pipefail
+t0=$(date +%s)
+cmd=${1:-bench}
+shift || true
+case "$cmd" in
+  receive)
+    mkdir -p /tmp/parts
+    cp "$1"/* /tmp/parts/
+    ls -la /tmp/parts
+    ;;
+  bench)
+    if [ ! -f /tmp/site/.installed ]; then
+      started=$(date +%s)
+      rm -rf /tmp/wh && mkdir -p /tmp/wh
+      cat /tmp/parts/p* | tar x -C /tmp/wh
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site /tmp/wh/*.whl
+      touch /tmp/site/.installed
+      echo "installed $(ls /tmp/wh/*.whl | wc -l) wheels in $(( $(date +%s) - started )) s"
+    fi
+    export PYTHONPATH=/tmp/site
+    python3 -c 'import vllm, torch, django, celery; print("vllm", vllm.__version__, "torch", torch.__version__, "django", django.__version__)'
+    nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+    stages=()
+    [ $# -gt 0 ] || set -- profiles platform
+    for s in "$@"; do stages+=(--stage "$s"); done
+    python3 -m benchmarks.gpu.run "${stages[@]}" --deadline-s "$(( ${BENCH_BUDGET_S:-565} - ($(date +%s) - t0) ))"
+    ;;
+  *)
+    echo "usage: $0 receive DIR | bench [profiles|platform|compare|variants|fusions ...]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,134 @@
+"""Measure one engine configuration on the bare vLLM engine (runs on the device machine).
+
+    python -m benchmarks.gpu.engine_bench --spec SPEC.json --out RESULT.json --lock FILE
+
+SPEC.json: {"name", "engine_args", "levels"}. Builds vLLM's ``AsyncLLM`` from the arguments, waits
+for its turn on the GPU (an exclusive lock, as several engines start side by side), warms up, runs
+each level (``measure.py``), writes the result (with the start-up time and the resolved scheduler
+settings) and shuts the engine down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks.gpu import measure
+from benchmarks.gpu.plan import OUTPUT_TOKENS, ROUNDS, WARMUP_REQUESTS, WARMUP_TOKENS
+
+
+def _resolved(engine) -> dict:
+    """The settings the engine actually runs with (after vLLM's defaults and checks)."""
+    cfg = engine.vllm_config
+    out = {}
+    for key, getter in {
+        "async_scheduling": lambda: cfg.scheduler_config.async_scheduling,
+        "max_num_seqs": lambda: cfg.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": lambda: cfg.scheduler_config.max_num_batched_tokens,
+        "max_model_len": lambda: cfg.model_config.max_model_len,
+        "quantization": lambda: cfg.model_config.quantization,
+        "kv_cache_dtype": lambda: cfg.cache_config.cache_dtype,
+        "num_gpu_blocks": lambda: cfg.cache_config.num_gpu_blocks,
+        "cudagraph_mode": lambda: str(cfg.compilation_config.cudagraph_mode),
+        "cudagraph_sizes": lambda: len(cfg.compilation_config.cudagraph_capture_sizes or []),
+        "max_cudagraph_size": lambda: cfg.compilation_config.max_cudagraph_capture_size,
+        "compilation_mode": lambda: str(cfg.compilation_config.mode),
+        "attention_backend": lambda: str(cfg.attention_config.backend),
+        "prefix_caching": lambda: cfg.cache_config.enable_prefix_caching,
+    }.items():
+        try:
+            out[key] = getter()
+        except Exception as exc:  # a field moved between vLLM versions: say so, measure anyway
+            out[key] = f"n/a ({type(exc).__name__})"
+    return out
+
+
+async def _one_request(engine, request_id: str, prompt: list[int], sampling) -> measure.RequestRecord:
+    submitted = time.perf_counter()
+    first, tokens = None, 0
+    async for output in engine.generate({"prompt_token_ids": prompt}, sampling, request_id):
+        new = len(output.outputs[0].token_ids)
+        if new and first is None:
+            first = time.perf_counter()
+        tokens += new
+    return measure.RequestRecord(submitted, first, time.perf_counter(), tokens)
+
+
+async def run_level(engine, name: str, streams: int, rounds: int, prompts: list[list[int]], sampling):
+    async def stream(i: int) -> list[measure.RequestRecord]:
+        return [
+            await _one_request(engine, f"{name}-{streams}-{i}-{r}", prompts[i * rounds + r], sampling)
+            for r in range(rounds)
+        ]
+
+    started = time.perf_counter()
+    per_stream = await asyncio.gather(*(stream(i) for i in range(streams)))
+    return measure.summarize(streams, [rec for recs in per_stream for rec in recs], started)
+
+
+async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    name = spec["name"]
+    result: dict = {"name": name, "engine_args": spec["engine_args"], "env": spec.get("env", {}), "levels": []}
+    t0 = time.monotonic()
+    try:
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec["engine_args"]))
+    except BaseException:
+        measure.wait_for_start(barrier, name, ok=False, timeout=0)
+        raise
+    result["start_s"] = round(time.monotonic() - t0, 1)
+    result["resolved"] = _resolved(engine)
+    print(f"[{name}] engine ready in {result['start_s']} s: {result['resolved']}", flush=True)
+    try:
+        if not await asyncio.to_thread(measure.wait_for_start, barrier, name, True):
+            raise TimeoutError("no go to measure came in time")
+        with measure.gpu_turn(lock) as waited:
+            result["waited_for_gpu_s"] = round(waited, 1)
+            warm = SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+            high = spec.get("prompt_id_high", measure.PROMPT_ID_HIGH)
+            warm_prompts = measure.prompts(seed + 1, WARMUP_REQUESTS, high=high)
+            await run_level(engine, f"{name}-warmup", WARMUP_REQUESTS, 1, warm_prompts, warm)
+            sampling = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+            for streams in spec["levels"]:
+                rounds = ROUNDS.get(streams, 1)
+                level_prompts = measure.prompts(seed + streams, streams * rounds, high=high)
+                level = await run_level(engine, name, streams, rounds, level_prompts, sampling)
+                result["levels"].append(level.to_dict())
+                print(f"[{name}] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s "
+                      f"(ttft p50 {level.ttft_ms_p50} ms, tpot p50 {level.tpot_ms_p50} ms)", flush=True)  # fmt: skip
+    finally:
+        engine.shutdown()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--lock", required=True)
+    parser.add_argument("--barrier", required=True, help="folder for the start barrier (see measure.wait_for_start)")
+    parser.add_argument("--seed", type=int, default=1234)
+    args = parser.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    try:
+        result = asyncio.run(bench(spec, args.lock, args.barrier, args.seed))
+    except Exception as exc:
+        traceback.print_exc()
+        result = {"name": spec["name"], "engine_args": spec["engine_args"], "error": f"{type(exc).__name__}: {exc}"}
+        measure.write_json(args.out, result)
+        return 1
+    measure.write_json(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""What the GPU bench measures: the engine configurations, the load levels and the request shape.
+
+Pure data and small functions (no vLLM import), so the plan is testable on a CPU machine.
+
+Every engine configuration runs the same model folder with random weights (``load_format="dummy"``).
+Several engines start side by side on the one GPU (their torch.compile and CUDA-graph capture
+overlap, which saves minutes of device time) and are measured one at a time. So each gets a fixed
+KV cache (``kv_cache_memory_bytes``, which also skips vLLM's memory profiling, unreliable while other
+processes allocate) and a small ``gpu_memory_utilization`` (vLLM only checks that much is free at
+start). That is the one deviation from each configuration's own settings; it does not change the
+throughput measured, as long as the cache holds every running sequence (``BENCH_KV_CACHE_BYTES``
+holds 128 sequences of 640 tokens with room to spare: vLLM reports 146k tokens for it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PROMPT_TOKENS = 128
+OUTPUT_TOKENS = 512
+# Streams (concurrent requests); each stream runs `rounds` requests one after another.
+PROFILE_LEVELS = (1, 8, 32, 128)
+PLATFORM_LEVELS = (32, 128)
+ROUNDS = {1: 2, 8: 1, 32: 1, 128: 2}
+WARMUP_REQUESTS = 4
+WARMUP_TOKENS = 32
+
+BENCH_KV_CACHE_BYTES = 4 * 2**30
+BENCH_GPU_MEMORY_UTILIZATION = 0.05
+BENCH_ARGS: dict[str, Any] = {
+    "load_format": "dummy",
+    "kv_cache_memory_bytes": BENCH_KV_CACHE_BYTES,
+    "gpu_memory_utilization": BENCH_GPU_MEMORY_UTILIZATION,
+}
+
+# The profiles compared with stock vLLM, and changes to the h200 profile measured one at a time
+# (each entry: what it changes, applied on top of the h200 profile's engine arguments).
+PROFILES = ("h200", "a10g")
+H200_VARIANTS: dict[str, dict[str, Any]] = {
+    # The profile without FP8 weights: what the scheduler settings alone move against stock.
+    "h200-bf16": {"quantization": None},
+    # FP8 KV cache on top of FP8 weights (tried in the first run; not kept).
+    "h200-fp8kv": {"kv_cache_dtype": "fp8"},
+    # Outputs sent to the frontend every 4 tokens instead of every token (less per-step host work).
+    "h200-si4": {"stream_interval": 4},
+    # Per-step statistics off (no Prometheus metrics from the engine).
+    "h200-nostats": {"disable_log_stats": True},
+}
+# Variants that change the engine process's environment rather than its arguments.
+H200_ENV_VARIANTS: dict[str, dict[str, str]] = {
+    # vLLM 0.26's older (V1) GPU model runner instead of the default V2 one.
+    "h200-v1runner": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+}
+FIRST_RUN_VARIANTS = ("h200-bf16", "h200-fp8kv")
+# vLLM's torch.compile fusion passes that are off by default (session 2): at one stream a decode step
+# is mostly many small kernels (docs/gpu.md), which is what these fuse. Each needs the custom ops it
+# matches enabled (vLLM's default, with Inductor, is none).
+H200_FUSION_VARIANTS: dict[str, dict[str, Any]] = {
+    # Q/K RMSNorm -> rotary embedding in one kernel (every layer has q/k norms).
+    "h200-qknorm-rope": {
+        "compilation_config": {
+            "custom_ops": ["+rms_norm", "+rotary_embedding"],
+            "pass_config": {"enable_qk_norm_rope_fusion": True},
+        }
+    },
+    # RMSNorm (+ residual add) -> FP8 activation quantisation, activation -> FP8 quantisation.
+    "h200-norm-quant": {
+        "compilation_config": {
+            "custom_ops": ["+rms_norm", "+quant_fp8"],
+            "pass_config": {"fuse_norm_quant": True, "fuse_act_quant": True},
+        }
+    },
+}
+
+
+STAGES = ("profiles", "platform", "compare", "variants", "fusions")
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One engine to start and measure: ``name``, its engine arguments, the stream counts."""
+
+    name: str
+    engine_args: dict[str, Any]
+    levels: tuple[int, ...] = PROFILE_LEVELS
+    description: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _bench(args: dict[str, Any], model_dir: str, tokenizer: bool) -> dict[str, Any]:
+    args = {**args, **BENCH_ARGS, "model": model_dir}
+    if not tokenizer:
+        # Prompt token ids in, token ids out: no tokenizer, no detokenization.
+        args["skip_tokenizer_init"] = True
+    return {key: value for key, value in args.items() if value is not None}
+
+
+def stock_run(model_dir: str) -> EngineRun:
+    """vLLM's defaults (AsyncEngineArgs with only the model), as the reference."""
+    return EngineRun("stock", _bench({}, model_dir, tokenizer=False), description="vLLM 0.26 defaults")
+
+
+def profile_args(profile: str, model_dir: str, **changes: Any) -> dict[str, Any]:
+    """A profile's engine arguments (workers/profiles.py) with ``changes`` on top, unbenched."""
+    from workers.profiles import get_profile
+
+    args = dict(get_profile(profile).engine_args)
+    args.update(changes)
+    return args
+
+
+def profile_run(profile: str, model_dir: str, name: str | None = None, tokenizer: bool = False,
+                levels: tuple[int, ...] = PROFILE_LEVELS, **changes: Any) -> EngineRun:  # fmt: skip
+    args = _bench(profile_args(profile, model_dir, **changes), model_dir, tokenizer)
+    description = f"profile {profile} {changes or ''}".strip()
+    return EngineRun(name or profile, args, levels=levels, description=description)
+
+
+def runs_for(stage: str, model_dir: str, tok_model_dir: str) -> list[EngineRun]:
+    """The engines of one stage of the bench.
+
+    ``profiles``: stock vLLM and each profile at every level, plus the h200 variants without FP8
+    and without FP8 KV cache. ``platform``: the platform path's bare-engine counterpart (the h200
+    profile with the tokenizer and detokenization, exactly as the worker runs it) at the platform
+    levels; run.py adds the platform itself. ``compare``: stock and h200 alone. ``variants``: the
+    other single changes to h200, with stock and h200 again as the same-run references. ``fusions``:
+    the compile-time fusion passes on top of h200, with the same references.
+    """
+    if stage == "profiles":
+        runs = [stock_run(model_dir)] + [profile_run(p, model_dir) for p in PROFILES]
+        return runs + [profile_run("h200", model_dir, name, **H200_VARIANTS[name]) for name in FIRST_RUN_VARIANTS]
+    if stage == "platform":
+        return [profile_run("h200", tok_model_dir, "bare-h200", tokenizer=True, levels=PLATFORM_LEVELS)]
+    if stage == "compare":
+        return [stock_run(model_dir), profile_run("h200", model_dir)]
+    if stage == "variants":
+        runs = [stock_run(model_dir), profile_run("h200", model_dir)]
+        runs += [profile_run("h200", model_dir, name, **changes) for name, changes in H200_VARIANTS.items()
+                 if name not in FIRST_RUN_VARIANTS]  # fmt: skip
+        for name, env in H200_ENV_VARIANTS.items():
+            run = profile_run("h200", model_dir, name)
+            runs.append(EngineRun(run.name, run.engine_args, run.levels, f"profile h200, env {env}", env=env))
+        return runs
+    if stage == "fusions":
+        runs = [stock_run(model_dir), profile_run("h200", model_dir)]
+        fusions = H200_FUSION_VARIANTS.items()
+        return runs + [profile_run("h200", model_dir, name, **changes) for name, changes in fusions]
+    raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+
+
+def platform_worker_overrides() -> dict[str, Any]:
+    """ENGINE_ARGS_JSON for the platform's worker: random weights and the bench's memory settings."""
+    return dict(BENCH_ARGS)

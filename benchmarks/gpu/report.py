@@ -1,0 +1,130 @@
+"""Tables and goal checks from the GPU bench's result files (pure functions; runs anywhere).
+
+    python -m benchmarks.gpu.report RESULTS.json     # prints the markdown tables
+
+A result is one engine's or the platform's JSON (engine_bench.py, platform_bench.py): ``name``,
+``levels`` (a list of ``{"streams", "tokens_per_s", "ttft_ms_p50", ...}``), ``start_s``, or ``error``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+
+# Goals on the H200, as ratios measured in the same run (issue 7).
+GOALS = (
+    ("h200 vs stock, 1 stream", "h200", "stock", 1, 1.75),
+    ("h200 vs stock, 128 streams", "h200", "stock", 128, 2.0),
+    ("platform vs bare engine, 32 streams", "platform-h200", "bare-h200", 32, 0.97),
+    ("platform vs bare engine, 128 streams", "platform-h200", "bare-h200", 128, 0.97),
+)
+
+
+def by_name(results: Iterable[dict]) -> dict[str, dict]:
+    """The results keyed by name; a later result of the same name replaces an earlier one."""
+    return {result["name"]: result for result in results}
+
+
+def rate(result: dict | None, streams: int) -> float | None:
+    """Tokens/s of ``result`` at ``streams``, or None when not measured (or failed)."""
+    if not result or "error" in result:
+        return None
+    for level in result.get("levels", []):
+        if level["streams"] == streams and not level.get("errors"):
+            return float(level["tokens_per_s"])
+    return None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return round(numerator / denominator, 3)
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "—"
+    return f"{value:,.{digits}f}"
+
+
+def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[int], reference: str = "stock") -> str:
+    """Markdown: tokens/s per level for each engine, with the ratio to ``reference`` in parentheses."""
+    levels = list(levels)
+    head = "| engine | start (s) | " + " | ".join(f"{n} stream{'s' if n > 1 else ''}" for n in levels) + " |"
+    lines = [head, "|---|---:|" + "---:|" * len(levels)]
+    for name in names:
+        result = results.get(name)
+        if result is None:
+            continue
+        if "error" in result:
+            lines.append(f"| {name} | failed: {result['error'][:120]} |" + " |" * len(levels))
+            continue
+        cells = []
+        for n in levels:
+            value, ref = rate(result, n), rate(results.get(reference), n)
+            rel = ratio(value, ref)
+            cells.append(_fmt(value) + (f" ({rel:.2f}x)" if rel is not None and name != reference else ""))
+        lines.append(f"| {name} | {_fmt(result.get('start_s'))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def goal_rows(results: dict[str, dict]) -> list[tuple[str, float | None, float, bool | None]]:
+    """(goal, measured ratio, target, met) for each goal; ratio None when a side was not measured."""
+    rows = []
+    for label, numerator, denominator, streams, target in GOALS:
+        value = ratio(rate(results.get(numerator), streams), rate(results.get(denominator), streams))
+        rows.append((label, value, target, None if value is None else value >= target))
+    return rows
+
+
+def goals_table(results: dict[str, dict]) -> str:
+    lines = ["| goal | measured | target | met |", "|---|---:|---:|---|"]
+    for label, value, target, met in goal_rows(results):
+        verdict = "—" if met is None else "yes" if met else "no"
+        lines.append(f"| {label} | {_fmt(value, 2)} | {target:.2f} | {verdict} |")
+    return "\n".join(lines)
+
+
+def spread(results: dict[str, dict], first: str, second: str, levels: Iterable[int]) -> dict[int, float | None]:
+    """Relative difference between two sweeps of the same configuration, per level."""
+    out = {}
+    for n in levels:
+        a, b = rate(results.get(first), n), rate(results.get(second), n)
+        out[n] = None if a is None or b is None else round(abs(a - b) / max(a, b), 3)
+    return out
+
+
+def render(results_list: list[dict]) -> str:
+    from benchmarks.gpu.plan import PLATFORM_LEVELS, PROFILE_LEVELS
+
+    results = by_name(results_list)
+    engines = [n for n in results if not n.startswith(("platform", "bare"))]
+    order = ["stock", "h200", "a10g"] + sorted(n for n in engines if n not in ("stock", "h200", "a10g"))
+    parts = [
+        "Engine configurations (output tokens/s, ratio to stock vLLM in the same run):",
+        engine_table(results, [n for n in order if n in results], PROFILE_LEVELS),
+        "",
+        "Platform path against the bare engine (same profile, same GPU):",
+        engine_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS, reference="bare-h200"),
+        "",
+        goals_table(results),
+    ]
+    if "stock-2" in results or "h200-2" in results:
+        parts += ["", f"Run-to-run spread: stock {spread(results, 'stock', 'stock-2', PROFILE_LEVELS)}, "
+                      f"h200 {spread(results, 'h200', 'h200-2', PROFILE_LEVELS)}"]  # fmt: skip
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    results: list[dict] = []
+    for path in argv:
+        data = json.loads(open(path).read())
+        results.extend(data["results"] if isinstance(data, dict) and "results" in data else data)
+    print(render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""The GPU bench's driver (runs on the device machine; ``device.sh bench`` calls it).
+
+    python -m benchmarks.gpu.run --stage profiles [--stage platform ...] [--deadline-s 540] [--out DIR]
+
+Stages (plan.py): ``profiles`` (stock vLLM, the h200 and a10g profiles, h200 without FP8, h200 with
+FP8 weights only), ``platform`` (the platform path and the bare engine it is compared with, plus a
+second stock and h200 sweep for the run-to-run spread), ``compare`` (stock and h200 alone),
+``variants`` (more single changes to h200), ``fusions`` (torch.compile fusion passes on h200).
+
+All engines of the given stages start at once, each in its own process (``engine_bench.py``,
+``platform_bench.py``), so their compiles overlap; once all are up (or failed) they are measured one
+at a time. Each writes its result as soon as it has it; results accumulate in /tmp/gpubench/results
+across calls on the same (warm) machine, and every call writes all of them to ``--out``
+(results.json, report.md, logs.tar.gz) and prints the tables last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+from benchmarks.gpu import measure, model, plan, report
+
+ROOT = Path(__file__).resolve().parents[2]
+WORK = Path("/tmp/gpubench")
+RESULTS, LOGS, BARRIER = WORK / "results", WORK / "logs", WORK / "barrier"
+LOCK = WORK / "gpu.lock"
+# Log lines worth keeping in the result: the attention backend, compile and start-up times.
+LOG_FACTS = re.compile(
+    r"Using .* backend|[Aa]synchronous scheduling is|torch\.compile take|Compil(ing|ation) .* took|"
+    r"[Cc]apturing CUDA graphs.*took|init engine .* took|Model loading took|Available KV cache memory|"
+    r"GPU KV cache size|Loading weights took|fp8|FP8|Error|error:"
+)
+
+
+def cache_env() -> dict[str, str]:
+    """Compile caches under /tmp, kept between calls on a warm machine (a later start reuses them)."""
+    cache = WORK / "cache"
+    return {
+        "XDG_CACHE_HOME": str(cache),
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "FLASHINFER_WORKSPACE_BASE": str(cache),
+        # Several engines compile side by side on 16 cores: fewer compile workers each.
+        "TORCHINDUCTOR_COMPILE_THREADS": "4",
+        "VLLM_LOGGING_LEVEL": "INFO",
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+def spawn(name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    log = open(LOGS / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    log.close()
+    return proc
+
+
+def log_facts(name: str, limit: int = 40) -> list[str]:
+    path = LOGS / f"{name}.log"
+    if not path.exists():
+        return []
+    lines = [line.strip()[-300:] for line in path.read_text(errors="replace").splitlines() if LOG_FACTS.search(line)]
+    return lines[-limit:]
+
+
+def log_tail(name: str, lines: int = 25) -> str:
+    path = LOGS / f"{name}.log"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+def _engine_argv(run: plan.EngineRun) -> list[str]:
+    spec = WORK / "specs" / f"{run.name}.json"
+    measure.write_json(spec, {"name": run.name, "engine_args": run.engine_args, "levels": list(run.levels),
+                              "env": run.env})  # fmt: skip
+    (RESULTS / f"{run.name}.json").unlink(missing_ok=True)
+    return [sys.executable, "-m", "benchmarks.gpu.engine_bench", "--spec", str(spec),
+            "--out", str(RESULTS / f"{run.name}.json"), "--lock", str(LOCK), "--barrier", str(BARRIER)]  # fmt: skip
+
+
+def _platform_argv(tok_dir: Path) -> list[str]:
+    (RESULTS / "platform-h200.json").unlink(missing_ok=True)
+    return [sys.executable, "-m", "benchmarks.gpu.platform_bench", "--model-dir", str(tok_dir),
+            "--out", str(RESULTS / "platform-h200.json"), "--lock", str(LOCK), "--barrier", str(BARRIER),
+            "--log-dir", str(LOGS)]  # fmt: skip
+
+
+def _release(procs: dict[str, subprocess.Popen], deadline: float) -> None:
+    """Wait until every engine is up (or gone), then let them measure: the platform first, which
+    stops its stack (gunicorn, Celery, PostgreSQL, Redis) when done, so that none of it runs beside
+    an engine being measured; then the engines, one at a time (they queue on the GPU lock)."""
+    released = False
+    while time.time() < deadline and any(p.poll() is None for p in procs.values()):
+        up = {f.name.rsplit(".", 1)[0] for f in BARRIER.iterdir() if f.suffix in (".ready", ".failed")}
+        gone = {name for name, p in procs.items() if p.poll() is not None}
+        if not released and set(procs) <= up | gone:
+            (BARRIER / "go-platform").touch()
+            released = True
+            print(f"all up at {time.strftime('%H:%M:%S')} ({sorted(up)}); measuring one at a time", flush=True)
+        if released and not (BARRIER / "go").exists() and ("platform" not in procs or "platform" in gone):
+            (BARRIER / "go").touch()
+        time.sleep(1)
+    for name in ("go-platform", "go"):
+        (BARRIER / name).touch()  # let whatever is up measure in the time left (the deadline cut the start)
+
+
+def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Path) -> list[str]:
+    """Start every engine of ``stages``, release them to measure once all are up, wait; returns names."""
+    env = {**os.environ, **cache_env()}
+    shutil.rmtree(BARRIER, ignore_errors=True)
+    BARRIER.mkdir(parents=True)
+    procs: dict[str, subprocess.Popen] = {}
+    for stage in stages:
+        for run in plan.runs_for(stage, str(model_dir), str(tok_dir)):
+            procs[run.name] = spawn(run.name, _engine_argv(run), {**env, **run.env})
+        if stage == "platform":
+            procs["platform"] = spawn("platform", _platform_argv(tok_dir), env)
+    print(f"started {', '.join(procs)} at {time.strftime('%H:%M:%S')}", flush=True)
+    _release(procs, deadline)
+    for name, proc in procs.items():
+        if proc.poll() is None:
+            print(f"deadline: stopping {name}", flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        elif proc.returncode != 0:
+            print(f"--- {name} exited with {proc.returncode}; last lines of its log:\n{log_tail(name)}", flush=True)
+    return list(procs)
+
+
+def collect(names: list[str]) -> list[dict]:
+    results = []
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text())
+        log_name = "platform" if data["name"].startswith("platform") else data["name"]
+        if data["name"] in names or log_name in names:
+            data["log_facts"] = log_facts(log_name)
+            measure.write_json(path, data)
+        results.append(data)
+    for name in names:
+        if not (RESULTS / f"{name}.json").exists() and name != "platform":
+            results.append({"name": name, "error": "no result (killed at the deadline or crashed); see its log"})
+    return results
+
+
+def environment() -> dict:
+    info: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    with contextlib.suppress(Exception):
+        import torch
+        import transformers
+        import vllm
+
+        info.update(vllm=vllm.__version__, torch=torch.__version__, transformers=transformers.__version__,
+                    cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(0))  # fmt: skip
+    with contextlib.suppress(Exception):
+        query = ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"]
+        info["driver"] = subprocess.run(query, capture_output=True, text=True).stdout.strip()
+    return info
+
+
+def write_out(out: Path, results: list[dict]) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    text = report.render(results)
+    measure.write_json(out / "results.json", {"environment": environment(), "results": results})
+    (out / "report.md").write_text(text + "\n")
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        for path in sorted(LOGS.glob("*.log")):
+            tar.add(path, arcname=path.name)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stage", action="append", choices=plan.STAGES, default=[])
+    parser.add_argument("--deadline-s", type=float, default=540, help="stop waiting after this many seconds")
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", WORK / "out")))
+    args = parser.parse_args(argv)
+    deadline = time.time() + args.deadline_s
+    for folder in (RESULTS, LOGS):
+        folder.mkdir(parents=True, exist_ok=True)
+    model_dir = model.build(WORK / "model-e4b", with_tokenizer=False)
+    tok_dir = model.build(WORK / "model-e4b-tok", with_tokenizer=True)
+    names = run_stages(args.stage, deadline, model_dir, tok_dir) if args.stage else []
+    print(write_out(args.out, collect(names)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

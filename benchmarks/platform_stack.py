@@ -1,0 +1,176 @@
+"""The platform under test: gunicorn (gateway) → Redis → Celery worker (vLLM engine), plus beat.
+
+It runs against its own database (``gemma_bench``, dropped and re-created each run) on the PostgreSQL
+server named by DATABASE_URL, and its own Redis database index (BENCH_REDIS_DB, default 12, emptied
+each run) on the Redis server named by REDIS_URL; when those are unset the embedded servers of
+deploy/local/services.py (in .run/) are used, as ``make up`` and ``make test`` do. The tenant, its API
+key and the served model are set up with the project's management commands, as an operator would.
+
+Tuning knobs come from the environment the benchmark runs in (WEB_CONCURRENCY, GUNICORN_THREADS,
+BENCH_WORKER_CONCURRENCY, ...) or from ``extra_env``, so a tuning experiment needs no code change.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+from benchmarks.procs import ROOT, STATE_DIR, Child, engine_cpu_env, free_port
+
+POOL = "bench"
+BENCH_DATABASE = "gemma_bench"
+START_TIMEOUT_S = float(os.environ.get("BENCH_ENGINE_START_TIMEOUT", "900"))
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` pointing at database ``name`` (postgres:// URLs)."""
+    return urlunparse(urlparse(url)._replace(path=f"/{name}"))
+
+
+def with_redis_db(url: str, index: int) -> str:
+    return urlunparse(urlparse(url)._replace(path=f"/{index}"))
+
+
+def recreate_database(server_url: str, name: str) -> None:
+    import psycopg
+
+    parsed = urlparse(server_url)
+    admin_url = urlunparse(parsed._replace(path="/postgres"))
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+class PlatformStack:
+    """The whole platform on local ports; ``base_url`` ends in /v1 and ``api_key`` is a tenant's key."""
+
+    def __init__(self, model_dir: str, served_model_name: str, extra_env: dict[str, str] | None = None) -> None:
+        self.model_dir, self.model_name = str(Path(model_dir).resolve()), served_model_name
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.extra_env = dict(extra_env or {})
+        self.worker_concurrency = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "80"))
+        self.api_key = ""
+        self.children: list[Child] = []
+        self.services = None
+        self.env: dict[str, str] = {}
+
+    # -- setup ------------------------------------------------------------------------------
+    def _environment(self) -> dict[str, str]:
+        from deploy.local.services import ensure_services
+
+        self.services = ensure_services(ROOT / ".run")
+        database_url = with_database(self.services["DATABASE_URL"], BENCH_DATABASE)
+        redis_url = with_redis_db(self.services["REDIS_URL"], int(os.environ.get("BENCH_REDIS_DB", "12")))
+        recreate_database(self.services["DATABASE_URL"], BENCH_DATABASE)
+        import redis
+
+        redis.Redis.from_url(redis_url).flushdb()
+        defaults = {
+            "DJANGO_DEBUG": "0",
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "ENGINE_PROFILE": "cpu",
+            "LOG_LEVEL": "WARNING",
+        }
+        env = {**defaults, **engine_cpu_env(), **os.environ, **self.extra_env}
+        env.update(
+            SECRET_KEY=secrets.token_urlsafe(48),
+            DATABASE_URL=database_url,
+            REDIS_URL=redis_url,
+            PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
+            DJANGO_SETTINGS_MODULE="config.settings",
+            GUNICORN_BIND=f"127.0.0.1:{self.port}",
+            SERVED_MODEL=self.model_name,
+            MODEL_PATH=self.model_dir,
+            WORKER_POOL=POOL,
+            POD_NAME="bench-pod",
+            PYTHONUNBUFFERED="1",
+        )
+        return env
+
+    def manage(self, *args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result.stdout
+
+    def _provision(self) -> None:
+        self.manage("migrate", "--noinput", "-v", "0")
+        self.manage("createtenant", "bench", "--if-not-exists")
+        self.api_key = self.manage("createkey", "bench", "--name", "benchmark").strip().splitlines()[-1]
+        self.manage(
+            "registermodel", self.model_name, "--path", self.model_dir, "--pool", POOL, "--context-length", "2048"
+        )
+
+    def _children(self) -> list[Child]:
+        python, celery = sys.executable, [sys.executable, "-m", "celery", "-A", "workers.celery_app"]
+        return [
+            Child("platform-web", [python, "-m", "gunicorn", "config.wsgi:application",
+                                   "-c", "deploy/gunicorn.conf.py"], self.env),
+            Child("platform-worker", [*celery, "worker", "--pool", "threads", "--concurrency",
+                                      str(self.worker_concurrency), "-Q", f"pool.{POOL},control", "-n",
+                                      "bench@%h", "--loglevel", "WARNING"], self.env, hosts_engine=True),
+            Child("platform-beat", [*celery, "beat", "--loglevel", "WARNING", "--schedule",
+                                    str(STATE_DIR / "celerybeat-schedule")], self.env),
+        ]  # fmt: skip
+
+    def _wait_worker_ready(self, since: float = 0.0, timeout: float = START_TIMEOUT_S) -> None:
+        """Wait for a ready worker whose last heartbeat is fresh and later than ``since`` (unix time)."""
+        import redis
+
+        from workers import protocol
+
+        client = redis.Redis.from_url(self.env["REDIS_URL"], decode_responses=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for child in self.children:
+                child.check_alive()
+            oldest = max(since, time.time() - 10)
+            names = client.zrangebyscore(protocol.pool_workers_key(POOL), oldest, "+inf")
+            if any(client.hget(protocol.worker_key(name), "state") == "ready" for name in names):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"no worker of pool {POOL} became ready within {timeout:.0f} s")
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def __enter__(self) -> PlatformStack:
+        try:
+            self.env = self._environment()
+            self._provision()
+            self.children = [child.start() for child in self._children()]
+            self.children[0].wait_http(f"http://127.0.0.1:{self.port}/healthz", 120)
+            self._wait_worker_ready()
+            for child in self.children:
+                child.pin_serving_threads()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def pause(self) -> None:
+        for child in self.children:
+            child.pause()
+
+    def resume(self) -> None:
+        """Resume every process and wait for the worker's next heartbeat (the gateway needs it fresh)."""
+        resumed = time.time()
+        for child in self.children:
+            child.resume()
+        self._wait_worker_ready(since=resumed, timeout=60)
+
+    def __exit__(self, *exc: object) -> None:
+        for child in reversed(self.children):
+            child.stop()
+        if self.services is not None:
+            self.services.stop()  # only the embedded servers this run started
+
+    def pids(self) -> dict[str, int]:
+        """Process ids to profile: gunicorn's master and Celery worker (their children hold the work)."""
+        return {child.name: child.pid for child in self.children}

@@ -1,0 +1,576 @@
+"""``make up``: the whole platform on one machine, no Docker, no GPU.
+
+Steps, each reusing what an earlier run left in ``.run/``:
+
+1. PostgreSQL and Redis: ``DATABASE_URL`` / ``REDIS_URL`` when given, else embedded servers
+   (``deploy.local.services``);
+2. migrate, collect static files, build the tiny random-weight Gemma 4 model, register it as
+   ``tiny-gemma4`` (pool ``tiny``), the ``admin`` superuser and the ``demo`` tenant;
+3. start gunicorn, a Celery worker hosting vLLM on the CPU, and Celery beat as child processes
+   (logs in ``.run/logs/``), check or create the demo key, wait for ``/readyz``;
+4. print the base URL, the demo key, a curl line and the console login, then run until Ctrl-C,
+   SIGINT or SIGTERM, and stop the children and the embedded servers it started.
+
+Every variable of the children can be overridden from the environment (``PORT``, ``SECRET_KEY``,
+``DJANGO_DEBUG``, ``GUNICORN_THREADS``, ``ENGINE_*``...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deploy.local.services import (
+    REPO_ROOT,
+    EmbeddedPostgres,
+    EmbeddedRedis,
+    LocalServices,
+    ensure_services,
+    pid_alive,
+)
+
+# UP_STATE_DIR: another folder for the state (the tests run a whole make up in a temporary one).
+STATE_DIR = Path(os.environ.get("UP_STATE_DIR") or REPO_ROOT / ".run").resolve()
+LOG_DIR = STATE_DIR / "logs"
+# What the running make up started (pids, embedded servers), for the next run after a kill -9.
+RUN_FILE = STATE_DIR / "up.json"
+MODEL_ID = "tiny-gemma4"
+MODEL_DIR = STATE_DIR / "models" / MODEL_ID
+POOL = "tiny"
+CONTEXT_LENGTH = 2048
+ADMIN_USER = "admin"
+DEMO_TENANT = "demo"
+STOP_TIMEOUT_S = 20.0
+# A log line that says something failed (Python logging levels, exceptions' last lines).
+_ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|^\w+(\.\w+)*(Error|Exception): ")
+PROGRESS_EVERY_S = 10.0
+
+
+class Shutdown(BaseException):
+    """A stop was asked for (SIGINT/SIGTERM); a BaseException so that no step's error handling eats it."""
+
+
+class StartError(Exception):
+    """A step failed; the message says which and where to look."""
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen | None = None
+    log_offset: int = 0  # where this run's output starts in the (appended) log
+
+    def start(self, env: dict[str, str]) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it; closed when we exit
+        self.log_offset = log.tell()
+        log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(self.argv)}\n".encode())
+        log.flush()
+        # Its own session: a Ctrl-C in the terminal reaches only us, and we stop the children in
+        # order; the group also holds the processes a child spawns (vLLM's engine core), which
+        # are killed with it if they outlive it.
+        self.process = subprocess.Popen(
+            self.argv,
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def exited(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def errors(self) -> list[str]:
+        """The lines of this run's log that report an error (shown while waiting for readiness)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_offset)
+                text = log.read().decode(errors="replace")
+        except OSError:
+            return []
+        return [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line)]
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    port: int
+    children: list[Child] = field(default_factory=list)
+    services: LocalServices | None = None
+    owns_run_file: bool = False
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, hurry: Callable[[], bool]) -> None:
+        """Stop the children (web first, the engine last), then the embedded servers we started."""
+        started = [child for child in self.children if child.process is not None]
+        for child in started:
+            if child.exited() is None:
+                print(f"stopping {child.name}...", flush=True)
+                _signal_group(child, signal.SIGTERM, leader_only=True)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in started:
+            assert child.process is not None
+            while child.exited() is None and time.monotonic() < deadline and not hurry():
+                time.sleep(0.1)
+            if child.exited() is None:
+                print(f"{child.name} did not stop in time: killing it", flush=True)
+            # Also whatever it left behind in its group (engine core processes).
+            _signal_group(child, signal.SIGKILL)
+            child.process.wait()
+        if self.owns_run_file:
+            RUN_FILE.unlink(missing_ok=True)
+        if self.services is not None and self.services.started:
+            print("stopping " + ", ".join(server.name for server in self.services.started) + "...", flush=True)
+            self.services.stop()
+
+
+def main() -> int:
+    stopping = {"asked": 0}
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping["asked"] += 1
+        if stopping["asked"] == 1:
+            raise Shutdown(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    stack = Stack(env={}, port=0)
+    code = 0
+    try:
+        _start(stack)
+        _serve(stack)
+    except Shutdown as exc:
+        print(f"\n{exc}: shutting down", flush=True)
+    except StartError as exc:
+        print(f"\nmake up failed: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        # From here on a signal only hurries the stop (a second Ctrl-C skips the graceful wait).
+        stopping["asked"] = max(stopping["asked"], 1)
+        stack.stop(hurry=lambda: stopping["asked"] > 1)
+        print("stopped", flush=True)
+    return code
+
+
+def _start(stack: Stack) -> None:
+    """Bring the stack up, recording in ``stack`` what was started as it goes (for the stop)."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    port = stack.port = _port()
+    left_running = _claim_run()
+    stack.owns_run_file = True
+    _step("PostgreSQL and Redis")
+    services = stack.services = ensure_services(STATE_DIR)
+    for server in services.started:
+        print(f"  started embedded {server.name} (data in {STATE_DIR})")
+    _adopt(services, left_running)
+    _record_run(stack)
+    print(f"  DATABASE_URL={services['DATABASE_URL']}\n  REDIS_URL={services['REDIS_URL']}")
+    stack.env = _child_env(services, port)
+    os.environ.update(stack.env)  # the in-process Django steps below read the same settings
+
+    _step("database schema, static files")
+    _django_setup()
+    _manage("migrate", "--noinput", verbosity=0)
+    _manage("collectstatic", "--noinput", verbosity=0)
+    _step(f"tiny model in {_rel(MODEL_DIR)}")
+    _run_logged("tinymodel", [sys.executable, "-m", "workers.tinymodel", str(MODEL_DIR)], stack.env)
+    _manage(
+        "registermodel",
+        MODEL_ID,
+        "--path",
+        str(MODEL_DIR),
+        "--pool",
+        POOL,
+        "--context-length",
+        str(CONTEXT_LENGTH),
+    )
+    _step("admin user and demo tenant")
+    admin_password = _secret_file("admin-password", os.environ.get("ADMIN_PASSWORD"))
+    _ensure_superuser(ADMIN_USER, admin_password)
+    _manage("createtenant", DEMO_TENANT, "--if-not-exists")
+    from django.db import connections
+
+    connections.close_all()
+
+    _step(f"web on {stack.base}, Celery worker (vLLM, CPU) and beat")
+    if _port_in_use(port):
+        raise StartError(f"port {port} is already in use: set PORT to a free port (PORT=8001 make up)")
+    stack.children = _children(stack.env)
+    for child in stack.children:
+        child.start(stack.env)
+    _record_run(stack)
+    _wait_for(stack, "/healthz", "the web server", timeout=60.0)
+    demo_key = _ensure_demo_key(stack)
+    _wait_for(stack, "/readyz", "the vLLM engine (30-90 s on first start)", timeout=_ready_timeout())
+    _banner(stack, demo_key, admin_password)
+
+
+def _serve(stack: Stack) -> None:
+    """Run until a signal (raises Shutdown) or until a child dies."""
+    while True:
+        for child in stack.children:
+            code = child.exited()
+            if code is not None:
+                raise StartError(
+                    f"{child.name} exited with code {code}; last lines of {_rel(child.log_path)}:\n{child.log_tail()}"
+                )
+        time.sleep(1.0)
+
+
+def _port() -> int:
+    raw = os.environ.get("PORT", "8000").strip() or "8000"
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise StartError(f"PORT must be a TCP port number, got {raw!r}")
+    return int(raw)
+
+
+def _child_env(services: LocalServices, port: int) -> dict[str, str]:
+    """The environment of the children: local-development defaults under whatever the user set."""
+    pythonpath = [str(REPO_ROOT / "platform"), str(REPO_ROOT)]
+    if os.environ.get("PYTHONPATH"):
+        pythonpath.append(os.environ["PYTHONPATH"])
+    defaults = {
+        "SECRET_KEY": _secret_file("secret-key", None, nbytes=48),
+        "DJANGO_DEBUG": "0",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost,[::1]",
+        # The console is served over plain http on localhost here.
+        "SESSION_COOKIE_SECURE": "0",
+        "CSRF_COOKIE_SECURE": "0",
+        "GUNICORN_BIND": f"{os.environ.get('HOST', '127.0.0.1')}:{port}",
+        "GUNICORN_GRACEFUL_TIMEOUT": "10",
+        "ENGINE_PROFILE": "cpu",
+        "SERVED_MODEL": MODEL_ID,
+        "MODEL_PATH": str(MODEL_DIR),
+        "WORKER_POOL": POOL,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env = {**defaults, **os.environ, **services}
+    env["PORT"] = str(port)
+    env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    return env
+
+
+def _children(env: dict[str, str]) -> list[Child]:
+    python = sys.executable
+    queues = f"pool.{env['WORKER_POOL']},control"
+    celery = [python, "-m", "celery", "-A", "workers.celery_app"]
+    return [
+        Child(
+            "web",
+            [python, "-m", "gunicorn", "config.wsgi:application", "-c", "deploy/gunicorn.conf.py"],
+            LOG_DIR / "web.log",
+        ),
+        Child(
+            "beat",
+            [*celery, "beat", "--loglevel", "INFO", "--schedule", str(STATE_DIR / "celerybeat-schedule")],
+            LOG_DIR / "beat.log",
+        ),
+        Child(
+            "worker",
+            [
+                *celery,
+                "worker",
+                "--pool",
+                "threads",
+                "--concurrency",
+                "64",
+                "-Q",
+                queues,
+                "-n",
+                "worker@%h",
+                "--loglevel",
+                "INFO",
+            ],
+            LOG_DIR / "worker.log",
+        ),
+    ]
+
+
+def _django_setup() -> None:
+    for path in (str(REPO_ROOT), str(REPO_ROOT / "platform")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    try:
+        import django
+
+        django.setup()
+    except Exception as exc:  # a configuration error names its variable: show it, not a traceback
+        raise StartError(f"Django settings: {type(exc).__name__}: {exc}") from exc
+
+
+def _manage(*args: str, verbosity: int = 1) -> str:
+    """Run a management command in this process; return its output (also appended to setup.log)."""
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    try:
+        call_command(*args, verbosity=verbosity, stdout=out, stderr=out)
+    except Exception as exc:
+        _append_log("setup", f"manage.py {shlex.join(args)}\n{out.getvalue()}\n{exc!r}\n")
+        raise StartError(f"manage.py {args[0]}: {type(exc).__name__}: {exc}") from exc
+    _append_log("setup", f"manage.py {shlex.join(args)}\n{out.getvalue()}")
+    return out.getvalue()
+
+
+def _run_logged(name: str, argv: list[str], env: dict[str, str]) -> None:
+    result = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=False)
+    _append_log("setup", f"{shlex.join(argv)}\n{result.stdout}{result.stderr}")
+    if result.returncode != 0:
+        raise StartError(f"{name} failed ({result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}")
+
+
+def _ensure_superuser(username: str, password: str) -> None:
+    """Create the superuser, or reset its password to the saved one (the file may be newer than the user)."""
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    user = user_model._default_manager.filter(**{user_model.USERNAME_FIELD: username}).first()
+    if user is None:
+        os.environ.setdefault("DJANGO_SUPERUSER_PASSWORD", password)
+        _manage("createsuperuser", "--noinput", "--username", username, "--email", f"{username}@localhost")
+    elif not user.check_password(password) or not user.is_superuser:
+        user.set_password(password)
+        user.is_superuser = user.is_staff = user.is_active = True
+        user.save()
+
+
+def _ensure_demo_key(stack: Stack) -> str:
+    """The saved demo key when it still authenticates (GET /v1/models answers 200), else a new one."""
+    key_file = STATE_DIR / "demo-key"
+    if key_file.exists():
+        key = key_file.read_text().strip()
+        status = _http_status(stack.base + "/v1/models", key)
+        if status == 200:
+            print(f"  demo key: reusing {_rel(key_file)}")
+            return key
+        if status not in (401, 403):
+            raise StartError(f"GET /v1/models answered {status} (see {_rel(LOG_DIR / 'web.log')})")
+        print(f"  the saved demo key is refused ({status}): creating a new one")
+    output = _manage("createkey", DEMO_TENANT, "--name", "make up demo key")
+    from django.db import connections
+
+    connections.close_all()
+    key = output.strip().splitlines()[-1].strip()
+    _write_private(key_file, key)
+    return key
+
+
+def _wait_for(stack: Stack, path: str, what: str, timeout: float) -> None:
+    started = time.monotonic()
+    last_report = started
+    reported: set[str] = set()
+    print(f"  waiting for {what}...", flush=True)
+    while _http_status(stack.base + path) != 200:
+        _check_children(stack, what)
+        elapsed = time.monotonic() - started
+        if elapsed > timeout:
+            raise StartError(f"{what} not ready after {elapsed:.0f} s: see {_rel(LOG_DIR)}/*.log")
+        if time.monotonic() - last_report >= PROGRESS_EVERY_S:
+            last_report = time.monotonic()
+            print(
+                f"  ... {elapsed:.0f} s ({path} not ready yet; tail -f {_rel(LOG_DIR / 'worker.log')})",
+                flush=True,
+            )
+            # A child that logs an error but keeps running (an engine that failed to start in a
+            # worker that stays up) would otherwise only show as a wait that never ends.
+            # Not the web log: it records each of our own /readyz polls as a 503 error.
+            for child in stack.children:
+                if child.name == "web":
+                    continue
+                for line in child.errors():
+                    if line not in reported:
+                        reported.add(line)
+                        print(f"  {child.name}: {line[:300]}", flush=True)
+        time.sleep(0.5)
+    print(f"  ready after {time.monotonic() - started:.0f} s", flush=True)
+
+
+def _check_children(stack: Stack, what: str) -> None:
+    for child in stack.children:
+        code = child.exited()
+        if code is not None:
+            raise StartError(
+                f"{child.name} exited with code {code} while waiting for {what}; "
+                f"last lines of {_rel(child.log_path)}:\n{child.log_tail()}"
+            )
+
+
+def _ready_timeout() -> float:
+    raw = os.environ.get("UP_READY_TIMEOUT", "600")
+    try:
+        return float(raw)
+    except ValueError:
+        raise StartError(f"UP_READY_TIMEOUT must be a number of seconds, got {raw!r}") from None
+
+
+def _http_status(url: str, key: str | None = None) -> int | None:
+    """The HTTP status of a GET on our own server (``url`` is always http://127.0.0.1...), None if down."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, ValueError):
+        return None
+
+
+def _banner(stack: Stack, key: str, admin_password: str) -> None:
+    body = json.dumps({"model": MODEL_ID, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
+    curl = (
+        f"curl {stack.base}/v1/chat/completions -H 'Authorization: Bearer {key}' "
+        f"-H 'Content-Type: application/json' -d '{body}'"
+    )
+    print(
+        "\n"
+        "The platform is up (tiny random-weight model: its replies are gibberish).\n"
+        f"  Base URL:  {stack.base}/v1\n"
+        f"  API key:   {key}   (tenant {DEMO_TENANT!r}, saved in {_rel(STATE_DIR / 'demo-key')})\n"
+        f"  Try:       {curl}\n"
+        f"  Console:   {stack.base}/console/   login {ADMIN_USER} / {admin_password}\n"
+        f"  Admin:     {stack.base}/admin/   (Django admin, same login)\n"
+        f"  Logs:      {_rel(LOG_DIR)}/web.log, worker.log, beat.log\n"
+        "Ctrl-C stops everything.\n",
+        flush=True,
+    )
+
+
+# --- state files -------------------------------------------------------------------------------
+
+
+def _secret_file(name: str, given: str | None, nbytes: int = 12) -> str:
+    """``given`` when set, else the value saved in .run/<name>, else a new random one saved there."""
+    if given:
+        return given
+    path = STATE_DIR / name
+    if path.exists() and path.read_text().strip():
+        return path.read_text().strip()
+    value = secrets.token_urlsafe(nbytes)
+    _write_private(path, value)
+    return value
+
+
+def _write_private(path: Path, value: str) -> None:
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(value + "\n")
+
+
+def _append_log(name: str, text: str) -> None:
+    with open(LOG_DIR / f"{name}.log", "a") as log:
+        log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+
+
+def _claim_run() -> list[str]:
+    """Take the checkout for this run: one ``make up`` at a time (they would fight over the port).
+
+    An earlier run killed without cleaning up (kill -9) left its children running: kill them. It
+    may also have left the embedded servers it started running: return their names, so that this
+    run stops them when it stops, as that run would have.
+    """
+    try:
+        previous = json.loads(RUN_FILE.read_text())
+    except (OSError, ValueError):
+        previous = {}
+    other = previous.get("pid")
+    if other and other != os.getpid() and pid_alive(other) and "deploy.local.up" in _cmdline(other):
+        raise StartError(f"make up is already running here (pid {other}); stop it first")
+    for name, pid in previous.get("children", {}).items():
+        cmdline = _cmdline(pid)
+        if pid_alive(pid) and ("gunicorn" in cmdline or "celery" in cmdline):
+            print(f"  killing the {name} (pid {pid}) left by an earlier run", flush=True)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+    RUN_FILE.write_text(json.dumps({"pid": os.getpid()}))
+    return list(previous.get("services", []))
+
+
+def _adopt(services: LocalServices, names: list[str]) -> None:
+    """Count the embedded servers an earlier, killed run started as started by this one."""
+    for server in (EmbeddedPostgres(STATE_DIR), EmbeddedRedis(STATE_DIR)):
+        already = any(started.name == server.name for started in services.started)
+        if server.name in names and not already and server.running_url() in services.values():
+            print(f"  embedded {server.name}: left running by an earlier run, reusing it")
+            services.started.append(server)
+
+
+def _record_run(stack: Stack) -> None:
+    record = {
+        "pid": os.getpid(),
+        "children": {child.name: child.process.pid for child in stack.children if child.process},
+        "services": [server.name for server in stack.services.started] if stack.services else [],
+    }
+    RUN_FILE.write_text(json.dumps(record))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# --- small helpers -----------------------------------------------------------------------------
+
+
+def _signal_group(child: Child, signum: int, leader_only: bool = False) -> None:
+    assert child.process is not None
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if leader_only:
+            child.process.send_signal(signum)
+        else:
+            os.killpg(child.process.pid, signum)
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _step(text: str) -> None:
+    print(f"==> {text}", flush=True)
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

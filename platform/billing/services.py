@@ -1,0 +1,187 @@
+"""Rollups and invoices, derived from the usage ledger (the only source of truth for usage)."""
+
+import csv
+import datetime as dt
+import io
+
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from billing.models import Invoice, InvoiceLine, UsageRollup
+from billing.selectors import TRUNC, ledger_aggregates, ledger_rows
+from config.redis_client import get_redis
+from ledger.models import UsageRecord
+from quotas.limits import Period
+from quotas.models import Plan, TenantQuota
+from tenants.models import Tenant
+
+MICROS_PER_MILLION_TOKENS = 1_000_000
+_WATERMARK = "billing:rollup:watermark"
+# A ledger row is stamped before its transaction commits: look back this far past the last run.
+_WATERMARK_SLACK = dt.timedelta(minutes=5)
+_FIRST_RUN_LOOKBACK = dt.timedelta(days=3)
+_STEP = {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1)}
+
+
+class InvoiceClosed(Exception):
+    """A closed invoice never changes."""
+
+
+# -- rollups -------------------------------------------------------------------------------------
+def rollup_buckets(*, granularity: str, buckets: list[dt.datetime]) -> int:
+    """Recompute the given buckets from the ledger (idempotent); returns the rollup rows written."""
+    written = 0
+    step = _STEP[granularity]
+    for start in buckets:
+        rows = ledger_rows(start=start, end=start + step).order_by()
+        groups = ledger_aggregates(rows, "tenant_id", "api_key_id", "model")
+        with transaction.atomic():
+            UsageRollup.objects.filter(granularity=granularity, bucket_start=start).delete()
+            UsageRollup.objects.bulk_create(
+                [UsageRollup(granularity=granularity, bucket_start=start, **group) for group in groups]
+            )
+            written += len(groups)
+    return written
+
+
+def rollup_refresh(*, since: dt.datetime | None = None) -> int:
+    """Recompute every hourly and daily bucket that received ledger rows since the last run."""
+    redis = get_redis()
+    started = timezone.now()
+    if since is None:
+        mark = redis.get(_WATERMARK)
+        since = dt.datetime.fromisoformat(mark) - _WATERMARK_SLACK if mark else started - _FIRST_RUN_LOOKBACK
+    fresh = UsageRecord.objects.filter(recorded_at__gte=since).order_by()
+    written = 0
+    for granularity, trunc in TRUNC.items():
+        buckets = sorted(fresh.annotate(b=trunc("finished_at", tzinfo=dt.UTC)).values_list("b", flat=True).distinct())
+        written += rollup_buckets(granularity=granularity, buckets=buckets)
+    redis.set(_WATERMARK, started.isoformat())
+    return written
+
+
+# -- invoices ------------------------------------------------------------------------------------
+def _amount(quantity: int, price_per_million: int) -> int:
+    """Tokens x price per 1M tokens, in micro-units, rounded half up (integers only)."""
+    return (quantity * price_per_million + MICROS_PER_MILLION_TOKENS // 2) // MICROS_PER_MILLION_TOKENS
+
+
+def _plan_of(tenant: Tenant) -> Plan | None:
+    quota = TenantQuota.objects.select_related("plan").filter(tenant=tenant).first()
+    return quota.plan if quota else None
+
+
+def _invoice_lines(tenant: Tenant, period: Period, plan: Plan | None) -> list[InvoiceLine]:
+    price_in = plan.price_input_per_1m_micros if plan else 0
+    price_out = plan.price_output_per_1m_micros if plan else 0
+    lines = []
+    per_model = ledger_aggregates(ledger_rows(start=period.start, end=period.end, tenant=tenant).order_by(), "model")
+    for group in sorted(per_model, key=lambda g: g["model"]):
+        model = group["model"]
+        for kind, tokens, price, what in (
+            (InvoiceLine.Kind.INPUT_TOKENS, group["prompt_tokens"], price_in, "input"),
+            (InvoiceLine.Kind.OUTPUT_TOKENS, group["completion_tokens"], price_out, "output"),
+        ):
+            lines.append(InvoiceLine(
+                kind=kind, model=model, description=f"{model}: {tokens} {what} tokens",
+                quantity=tokens, unit_price_micros=price, amount_micros=_amount(tokens, price),
+            ))  # fmt: skip
+    if plan and plan.reserved_throughput_fee_micros:
+        lines.append(InvoiceLine(
+            kind=InvoiceLine.Kind.RESERVED_THROUGHPUT,
+            description=f"Reserved throughput: {plan.guaranteed_tokens_per_second} tokens/s ({plan.name})",
+            quantity=plan.guaranteed_tokens_per_second, unit_price_micros=plan.reserved_throughput_fee_micros,
+            amount_micros=plan.reserved_throughput_fee_micros,
+        ))  # fmt: skip
+    return lines
+
+
+@transaction.atomic
+def invoice_build(*, tenant: Tenant, period: Period) -> Invoice:
+    """The tenant's invoice for the period, (re)computed from the ledger; a closed one is returned as is."""
+    invoice, _ = Invoice.objects.select_for_update().get_or_create(
+        tenant=tenant,
+        period_start=period.start,
+        defaults={"period_end": period.end, "number": f"{tenant.name}-{period.id}"},
+    )
+    if invoice.status == Invoice.Status.CLOSED:
+        return invoice
+    plan = _plan_of(tenant)
+    lines = _invoice_lines(tenant, period, plan)
+    invoice.lines.all().delete()
+    for line in lines:
+        line.invoice = invoice
+    InvoiceLine.objects.bulk_create(lines)
+    invoice.plan_name = plan.name if plan else ""
+    invoice.total_micros = sum(line.amount_micros for line in lines)
+    invoice.save()
+    return invoice
+
+
+@transaction.atomic
+def invoice_close(*, invoice: Invoice) -> Invoice:
+    """Recompute a last time and close: from then on the invoice never changes. The period must be over."""
+    invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+    if invoice.status == Invoice.Status.CLOSED:
+        return invoice
+    if timezone.now() < invoice.period_end:
+        raise ValueError(
+            f"The period of {invoice.number} ends at {invoice.period_end.isoformat()}; it cannot close yet."
+        )
+    invoice = invoice_build(tenant=invoice.tenant, period=Period.containing(invoice.period_start))
+    invoice.status, invoice.closed_at = Invoice.Status.CLOSED, timezone.now()
+    invoice.save(update_fields=["status", "closed_at", "updated_at"])
+    return invoice
+
+
+def invoices_close_period(*, period: Period) -> int:
+    """Build and close every tenant's invoice for an ended period (tenants with usage or a plan)."""
+    tenant_ids = set(ledger_rows(start=period.start, end=period.end).values_list("tenant_id", flat=True))
+    tenant_ids |= set(TenantQuota.objects.filter(plan__isnull=False).values_list("tenant_id", flat=True))
+    for tenant in Tenant.objects.filter(id__in=tenant_ids):
+        invoice_close(invoice=invoice_build(tenant=tenant, period=period))
+    return len(tenant_ids)
+
+
+def invoice_as_dict(invoice: Invoice) -> dict:
+    return {
+        "number": invoice.number,
+        "tenant": invoice.tenant.name,
+        "period_start": invoice.period_start.isoformat(),
+        "period_end": invoice.period_end.isoformat(),
+        "status": invoice.status,
+        "currency": invoice.currency,
+        "plan": invoice.plan_name,
+        "total_micros": invoice.total_micros,
+        "closed_at": invoice.closed_at.isoformat() if invoice.closed_at else None,
+        "lines": [
+            {"kind": line.kind, "model": line.model, "description": line.description, "quantity": line.quantity,
+             "unit_price_micros": line.unit_price_micros, "amount_micros": line.amount_micros}
+            for line in invoice.lines.all()
+        ],
+    }  # fmt: skip
+
+
+CSV_COLUMNS = ["invoice", "tenant", "period_start", "period_end", "status", "currency", "kind", "model",
+               "description", "quantity", "unit_price_micros", "amount_micros"]  # fmt: skip
+
+
+def invoice_as_csv(invoice: Invoice) -> str:
+    """One row per line item, then a TOTAL row."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    head = [invoice.number, invoice.tenant.name, invoice.period_start.isoformat(), invoice.period_end.isoformat(),
+            invoice.status, invoice.currency]  # fmt: skip
+    for line in invoice.lines.all():
+        writer.writerow(head + [line.kind, line.model, line.description, line.quantity, line.unit_price_micros,
+                                line.amount_micros])  # fmt: skip
+    writer.writerow(head + ["total", "", "Total", "", "", invoice.total_micros])
+    return out.getvalue()
+
+
+def ledger_token_totals(*, tenant: Tenant, period: Period) -> dict:
+    return ledger_rows(start=period.start, end=period.end, tenant=tenant).aggregate(
+        prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens")
+    )

@@ -1,0 +1,185 @@
+"""Control-plane settings, all from environment variables (see docs/configuration.md).
+
+Required: SECRET_KEY, DATABASE_URL, REDIS_URL. Every variable also accepts a `<NAME>_FILE` variant.
+"""
+
+from pathlib import Path
+
+from config.env import (
+    database_from_url,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    redis_url_checked,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = BASE_DIR.parent
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY")
+# API keys are stored as HMAC digests under this key; kept apart from SECRET_KEY so that rotating
+# the session secret does not invalidate every customer's API key.
+API_KEY_HMAC_KEY = env_str("API_KEY_HMAC_KEY", SECRET_KEY)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+DATABASES = {"default": database_from_url(env_str("DATABASE_URL"))}
+# A connection pool per process (psycopg_pool): gunicorn runs many threads per process, and a
+# persistent connection per thread would exhaust PostgreSQL's max_connections under load. The
+# gateway returns its connection to the pool before it relays tokens (gateway/views.py).
+if env_bool("DATABASE_POOL", True):
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": 1,
+        "max_size": env_int("DATABASE_POOL_MAX_SIZE", 16, minimum=1),
+        "timeout": env_float("DATABASE_POOL_TIMEOUT", 30.0),
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+REDIS_URL = redis_url_checked(env_str("REDIS_URL"))
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "tenants",
+    "catalog",
+    "ledger",
+    "gateway",
+    "quotas",
+    "billing",
+    "api",
+    "drf_spectacular_sidecar",
+    "console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Records the inference API's 429s for the console's "why was I throttled" page.
+    "console.middleware.ThrottleEventMiddleware",
+    "console.middleware.ConsoleSecurityHeadersMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = REPO_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if DEBUG
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
+# Serve app static files straight from their folders when collectstatic has not been run
+# (the embedded developer setup); production images run collectstatic.
+WHITENOISE_USE_FINDERS = DEBUG
+
+# Inference request bodies above this size get a 413 before they are parsed.
+MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+
+# Gateway and dispatch tuning (see docs/architecture.md, "The request path").
+AUTH_CACHE_SECONDS = env_int("AUTH_CACHE_SECONDS", 30, minimum=0)
+# A worker whose heartbeat is older than this is considered dead.
+WORKER_HEARTBEAT_TIMEOUT = env_float("WORKER_HEARTBEAT_TIMEOUT", 10.0)
+# How long a request may wait in the pool's queue before it is given up with a 503.
+QUEUE_TIMEOUT_SECONDS = env_float("QUEUE_TIMEOUT_SECONDS", 300.0)
+# The gateway writes finished requests' ledger rows in batches this often (ledger/writer.py);
+# quotas settle at once either way. 0: one INSERT per request, in the request's thread.
+LEDGER_BATCH_SECONDS = max(0.0, env_float("LEDGER_BATCH_SECONDS", 0.1))
+# SSE keep-alive comment interval while nothing is generated (also detects gone clients).
+SSE_KEEPALIVE_SECONDS = env_float("SSE_KEEPALIVE_SECONDS", 5.0)
+OPERATOR_TOKEN = env_str("OPERATOR_TOKEN", "")
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+# Fair share of a saturated pool (docs/quotas-and-billing.md): on/off, the slots of a worker that does
+# not report its concurrency, and how often a request waiting for a slot polls.
+FAIR_SHARE = env_bool("FAIR_SHARE", True)
+FAIR_SHARE_SLOTS_PER_WORKER = env_int("FAIR_SHARE_SLOTS_PER_WORKER", 64, minimum=1)
+FAIR_SHARE_POLL_SECONDS = env_float("FAIR_SHARE_POLL_SECONDS", 0.05)
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Gemma hosting platform management API",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI and Redoc served from our own static files (drf-spectacular-sidecar), not a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
+
+if not DEBUG:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", True)
+    CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", True)
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+    SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True

@@ -1,0 +1,204 @@
+from __future__ import annotations
+
+import logging
+from decimal import Decimal
+
+import redis
+from django import forms
+from django.contrib.auth.forms import AuthenticationForm
+from django.core.exceptions import ValidationError
+
+from catalog.models import ServedModel
+from console import services
+from console.selectors import LIMIT_LABELS
+from quotas.models import LimitFields, Plan
+from quotas.services import CLEAR
+from tenants.models import Tenant
+
+log = logging.getLogger(__name__)
+# /console/tenants/new/ is the creation page.
+RESERVED_TENANT_NAMES = {"new"}
+
+
+class ConsoleLoginForm(AuthenticationForm):
+    """Django's login form, rate limited per client address and username before the password is checked."""
+
+    error_messages = {
+        **AuthenticationForm.error_messages,
+        "throttled": "Too many failed sign-in attempts. Try again in %(minutes)s minute(s).",
+        "unavailable": "Sign-in is unavailable right now; try again shortly.",
+        "no_console": "This account has no access to the console.",
+    }
+
+    def _address(self) -> str:
+        return self.request.META.get("REMOTE_ADDR", "") if self.request else ""
+
+    def clean(self):
+        username = self.cleaned_data.get("username") or ""
+        address = self._address()
+        try:
+            throttle = services.login_throttle_check(address=address, username=username)
+        except redis.RedisError:
+            # Fail closed: without the counter a password could be guessed at any rate.
+            log.exception("login rate limiter unreachable")
+            raise ValidationError(self.error_messages["unavailable"], code="unavailable") from None
+        if not throttle.allowed:
+            minutes = max(1, -(-throttle.retry_after // 60))
+            raise ValidationError(self.error_messages["throttled"], code="throttled", params={"minutes": minutes})
+        try:
+            cleaned = super().clean()
+        except ValidationError:
+            services.login_failure_record(address=address, username=username)
+            raise
+        services.login_success_record(address=address, username=username)
+        return cleaned
+
+    def confirm_login_allowed(self, user):
+        super().confirm_login_allowed(user)
+        if not user.is_staff and not hasattr(user, "tenant_membership"):
+            raise ValidationError(self.error_messages["no_console"], code="no_console")
+
+
+class TenantCreateForm(forms.Form):
+    name = forms.SlugField(max_length=64, help_text="Lowercase identifier, e.g. acme-corp. Cannot be changed.")
+    display_name = forms.CharField(max_length=200, required=False)
+
+    def clean_name(self):
+        name = self.cleaned_data["name"].lower()
+        if name in RESERVED_TENANT_NAMES:
+            raise ValidationError("This name is reserved by the console.")
+        if Tenant.objects.filter(name=name).exists():
+            raise ValidationError("A tenant with this name already exists.")
+        return name
+
+
+class ApiKeyCreateForm(forms.Form):
+    name = forms.CharField(max_length=100, required=False, help_text="What the key is for, e.g. production.")
+    expires_at = forms.DateTimeField(
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        help_text="Optional (UTC).",
+    )
+    allowed_models = forms.MultipleChoiceField(
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="None ticked: every served model.",
+    )
+    is_admin = forms.BooleanField(
+        required=False,
+        label="Management API",
+        help_text="The key may also manage this tenant (its keys, usage, invoices) through /api/v1/.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["allowed_models"].choices = [(m, m) for m in ServedModel.objects.values_list("model_id", flat=True)]
+
+
+class TenantAdminCreateForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    email = forms.EmailField(required=False)
+    password = forms.CharField(widget=forms.PasswordInput, strip=False, help_text="At least 8 characters, not common.")
+
+
+class UsageFilterForm(forms.Form):
+    period = forms.ChoiceField(required=False)
+    model = forms.ChoiceField(required=False)
+
+    def __init__(self, *args, periods: dict, models: list[str], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["period"].choices = [(key, p.label) for key, p in periods.items()]
+        self.fields["model"].choices = [("", "all models")] + [(m, m) for m in models]
+
+
+class KeyRotateForm(forms.Form):
+    grace_seconds = forms.TypedChoiceField(
+        coerce=int,
+        initial=3600,
+        label="Old key keeps working for",
+        choices=[(0, "no time: revoke it now"), (900, "15 minutes"), (3600, "1 hour"), (86400, "24 hours")],
+    )
+
+
+MICROS = Decimal(1_000_000)
+
+
+def _usd_field(label: str) -> forms.DecimalField:
+    return forms.DecimalField(label=label, min_value=0, max_digits=14, decimal_places=6, initial=0)
+
+
+class PlanForm(forms.ModelForm):
+    """A plan; prices are entered in USD and stored as integer micro-units."""
+
+    allowed_models = forms.MultipleChoiceField(
+        required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every served model."
+    )
+    price_input = _usd_field("Price per 1M input tokens (USD)")
+    price_output = _usd_field("Price per 1M output tokens (USD)")
+    reserved_fee = _usd_field("Monthly reserved-throughput fee (USD)")
+
+    PRICES = {
+        "price_input": "price_input_per_1m_micros",
+        "price_output": "price_output_per_1m_micros",
+        "reserved_fee": "reserved_throughput_fee_micros",
+    }
+
+    class Meta:
+        model = Plan
+        fields = ["name", "display_name", *LimitFields.LIMITS, "guaranteed_tokens_per_second", "fair_share_weight"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["allowed_models"].choices = [(m, m) for m in ServedModel.objects.values_list("model_id", flat=True)]
+        for name, label in LIMIT_LABELS.items():
+            self.fields[name].label = label
+            self.fields[name].help_text = "Empty: no limit."
+        if self.instance.pk:
+            self.fields["name"].disabled = True
+            self.fields["allowed_models"].initial = self.instance.allowed_models
+            for field, model_field in self.PRICES.items():
+                self.fields[field].initial = Decimal(getattr(self.instance, model_field)) / MICROS
+
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        if name in RESERVED_TENANT_NAMES:  # /console/plans/new/ is the creation page
+            raise ValidationError("This name is reserved by the console.")
+        return name
+
+    def service_fields(self) -> dict:
+        """cleaned_data in the model's terms, for quotas.services.plan_create / plan_update."""
+        data = {name: self.cleaned_data[name] for name in self.Meta.fields if name != "name"}
+        data["allowed_models"] = list(self.cleaned_data["allowed_models"])
+        for field, model_field in self.PRICES.items():
+            data[model_field] = int((self.cleaned_data[field] or 0) * MICROS)
+        return data
+
+
+class LimitsForm(forms.Form):
+    """The five limits, each optional (empty: `empty_means`)."""
+
+    empty_means = "no limit"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name, label in LIMIT_LABELS.items():
+            self.fields[name] = forms.IntegerField(
+                min_value=0, required=False, label=label, help_text=f"Empty: {self.empty_means}."
+            )
+
+    def limits(self) -> dict:
+        """For quotas.services: an empty field clears the value (CLEAR)."""
+        return {name: CLEAR if self.cleaned_data[name] is None else self.cleaned_data[name] for name in LIMIT_LABELS}
+
+
+class TenantQuotaForm(LimitsForm):
+    empty_means = "the plan's value"
+    plan = forms.ModelChoiceField(queryset=Plan.objects.order_by("name"), required=False, empty_label="no plan")
+
+
+class KeyQuotaForm(LimitsForm):
+    empty_means = "only the tenant's limit applies"
+
+
+class InvoiceBuildForm(forms.Form):
+    period = forms.RegexField(regex=r"^\d{4}-\d{2}$", max_length=7, help_text="A month, YYYY-MM (UTC).")

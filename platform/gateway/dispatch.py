@@ -1,0 +1,200 @@
+"""Dispatch to the worker pools and relay of their token events back to the gateway.
+
+A request's life on this side: `enqueue` stores its input in Redis and sends a small Celery task to
+the model pool's queue; `relay` reads the request's event stream and yields Delta/Done/Failed
+events, with bounded waits: a request that no worker takes in time is taken back (503), and a
+worker that stops heartbeating mid-request ends the stream with an explicit error.
+"""
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from catalog.models import ServedModel
+from config.redis_client import get_redis
+from gateway.errors import ServiceUnavailable
+from ledger.services import ledger_pending_put
+from ledger.writer import ledger_record
+from workers import protocol
+from workers.celery_app import app as celery_app
+from workers.protocol import RequestInput, Usage
+
+
+@dataclass
+class Delta:
+    text: str
+    tokens: int
+
+
+@dataclass
+class Done:
+    usage: Usage
+
+
+@dataclass
+class Failed:
+    message: str
+    code: str
+    usage: Usage | None = None
+
+
+class Idle:
+    """Nothing happened for a keep-alive interval (lets the SSE writer probe the client)."""
+
+
+def ready_workers(pool: str) -> list[str]:
+    """Names of the pool's workers that heartbeat recently and have a ready engine."""
+    redis = get_redis()
+    fresh = redis.zrangebyscore(
+        protocol.pool_workers_key(pool), time.time() - settings.WORKER_HEARTBEAT_TIMEOUT, "+inf"
+    )
+    if not fresh:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for name in fresh:
+        pipe.hget(protocol.worker_key(name), "state")
+    return [name for name, state in zip(fresh, pipe.execute(), strict=True) if state == "ready"]
+
+
+def worker_alive(name: str) -> bool:
+    redis = get_redis()
+    pool = redis.hget(protocol.worker_key(name), "pool")
+    score = redis.zscore(protocol.pool_workers_key(pool), name) if pool else None
+    return score is not None and score > time.time() - settings.WORKER_HEARTBEAT_TIMEOUT
+
+
+def await_worker(model: ServedModel) -> list[str]:
+    """The pool's ready workers, once there is one; waits (bounded) on a pool scaling from zero."""
+    ready = ready_workers(model.pool)
+    if ready:
+        return ready
+    if model.cold_start_wait_seconds:
+        redis = get_redis()
+        waiting = protocol.pool_waiting_key(model.pool)
+        redis.incr(waiting)  # the operator scales a pool from zero when requests wait for it
+        try:
+            deadline = time.monotonic() + model.cold_start_wait_seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.5)
+                ready = ready_workers(model.pool)
+                if ready:
+                    return ready
+        finally:
+            redis.decr(waiting)
+    raise ServiceUnavailable(
+        f"No worker is serving the model '{model.model_id}' right now; try again later.",
+        code="no_worker_available",
+        headers={"Retry-After": "5"},
+    )
+
+
+def enqueue(request: RequestInput, model: ServedModel) -> None:
+    redis = get_redis()
+    redis.set(protocol.input_key(request.request_id), request.dumps(), ex=protocol.REQUEST_TTL)
+    celery_app.send_task(
+        "workers.generate",
+        args=[request.request_id],
+        queue=model.queue,
+        task_id=request.request_id,
+        expires=settings.QUEUE_TIMEOUT_SECONDS,
+    )
+
+
+def relay(request: RequestInput, model: ServedModel) -> Iterator[Delta | Done | Failed | Idle]:
+    """Yield the request's events until Done or Failed. The caller must call `abandon` if it stops early."""
+    redis = get_redis()
+    key = protocol.events_key(request.request_id)
+    last_id, worker, seen_tokens = "0-0", None, 0
+    last_event = time.monotonic()
+    queue_deadline = last_event + settings.QUEUE_TIMEOUT_SECONDS
+    block_ms = int(settings.SSE_KEEPALIVE_SECONDS * 1000)
+    while True:
+        reply = redis.xread({key: last_id}, block=block_ms, count=256)
+        if not reply:
+            failure = _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline)
+            if failure is not None:
+                yield failure
+                return
+            yield Idle()
+            continue
+        last_event = time.monotonic()
+        for last_id, fields in reply[0][1]:
+            kind = fields["t"]
+            if kind == "delta":
+                tokens = int(fields["n"])
+                seen_tokens += tokens
+                yield Delta(fields["x"], tokens)
+            elif kind == "start":
+                worker = fields["w"]
+            elif kind == "done":
+                yield Done(Usage.loads(fields["u"]))
+                return
+            elif kind == "error":
+                # The worker also writes a done event with the usage; wait for it (bounded).
+                yield Failed(fields["m"], fields["c"], _final_usage(key, last_id))
+                return
+
+
+def _final_usage(key: str, after_id: str) -> Usage | None:
+    reply = get_redis().xread({key: after_id}, block=2000, count=16)
+    for _, fields in reply[0][1] if reply else []:
+        if fields["t"] == "done":
+            return Usage.loads(fields["u"])
+    return None
+
+
+def _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline) -> Failed | None:
+    now = time.monotonic()
+    if worker is None:
+        if now >= queue_deadline or not ready_workers(model.pool):
+            if _take_back(request):
+                return Failed("No worker took the request in time; try again later.", "no_worker_available")
+        return None
+    if now - last_event >= settings.WORKER_HEARTBEAT_TIMEOUT and not worker_alive(worker):
+        usage = _usage_for(request, seen_tokens, status="worker_lost", worker=worker)
+        ledger_pending_put(usage, only_if_absent=True)
+        get_redis().set(protocol.cancel_key(request.request_id), 1, ex=protocol.REQUEST_TTL)
+        return Failed("The worker serving this request was lost; the request was stopped.", "worker_lost", usage)
+    return None
+
+
+def _take_back(request: RequestInput) -> bool:
+    """Take a request no worker has started back from the queue; True if it was still unclaimed.
+
+    Workers claim a request by deleting its input, so exactly one side wins and records its usage.
+    """
+    if get_redis().delete(protocol.input_key(request.request_id)) == 0:
+        return False
+    ledger_pending_put(_usage_for(request, 0, status="cancelled", worker=""), only_if_absent=True)
+    return True
+
+
+def abandon(request: RequestInput) -> None:
+    """The client went away: stop the request wherever it is; the worker bills what it generated."""
+    if not _take_back(request):
+        get_redis().set(protocol.cancel_key(request.request_id), 1, ex=protocol.REQUEST_TTL)
+
+
+def _usage_for(request: RequestInput, completion_tokens: int, *, status: str, worker: str) -> Usage:
+    now = time.time()
+    return Usage(
+        request_id=request.request_id,
+        tenant_id=request.tenant_id,
+        key_id=request.key_id,
+        model=request.model,
+        # A request no worker started was never prefilled: nothing to bill.
+        prompt_tokens=len(request.prompt_token_ids) if worker else 0,
+        completion_tokens=completion_tokens,
+        total_ms=max(0, int((now - request.enqueued_at) * 1000)),
+        finish_reason="abort",
+        status=status,
+        worker=worker,
+        finished_at=now,
+    )
+
+
+def record(request_id: str) -> None:
+    """Fast path into the ledger right after a request ends (the periodic flush is the safety net)."""
+    ledger_record(request_id)

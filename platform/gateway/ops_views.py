@@ -1,0 +1,88 @@
+"""Health, readiness, Prometheus metrics and the operator's pool endpoints."""
+
+import hmac
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpResponse, JsonResponse
+
+from catalog.models import ServedModel
+from gateway.errors import NotFound, OpenAIError, PermissionDenied, Unauthorized
+from gateway.pools import pool_demand, pool_drain, pool_workers
+from gateway.views import openai_endpoint
+
+
+def healthz(request):
+    return JsonResponse({"status": "ok"})
+
+
+def readyz(request):
+    """200 once a ready worker engine serves every enabled model, else 503 naming what is missing.
+
+    A model allowed to scale to zero (cold_start_wait_seconds > 0) counts as ready without workers:
+    its requests wait for one, so an idle pool must not take the web servers out of service."""
+    models = list(
+        ServedModel.objects.filter(is_enabled=True).values_list("model_id", "pool", "cold_start_wait_seconds")
+    )
+    not_ready = []
+    for model_id, pool, cold_start_wait in models:
+        if not cold_start_wait and not any(w.state == "ready" for w in pool_workers(pool)):
+            not_ready.append(model_id)
+    status = 200 if models and not not_ready else 503
+    return JsonResponse(
+        {"ready": status == 200, "models": [m[0] for m in models], "not_ready": not_ready}, status=status
+    )
+
+
+def _require_token(request, expected: str, what: str) -> None:
+    if not expected:
+        raise PermissionDenied(f"{what} is disabled: set its token in the server's configuration.")
+    scheme, _, token = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+        raise Unauthorized(f"A valid bearer token is required for {what}.", code="invalid_token")
+
+
+def _known_pool(pool: str) -> None:
+    if not ServedModel.objects.filter(pool=pool).exists():
+        raise NotFound(f"No model is registered on pool '{pool}'.", param="pool", code="pool_not_found")
+
+
+@openai_endpoint("GET")
+def demand(request, pool: str):
+    _require_token(request, settings.OPERATOR_TOKEN, "the operator API")
+    _known_pool(pool)
+    return JsonResponse(pool_demand(pool).as_dict())
+
+
+@openai_endpoint("POST", "DELETE")
+def drain(request, pool: str, pod: str):
+    _require_token(request, settings.OPERATOR_TOKEN, "the operator API")
+    _known_pool(pool)
+    pool_drain(pool, pod, drain=request.method == "POST")
+    state = "draining" if request.method == "POST" else "ready"
+    return JsonResponse({"pool": pool, "pod": pod, "state": state}, status=202)
+
+
+def metrics(request):
+    try:
+        if settings.METRICS_TOKEN:
+            _require_token(request, settings.METRICS_TOKEN, "metrics")
+    except OpenAIError as error:
+        return error.response()
+    lines = []
+    series = {
+        "gemma_pool_queue_depth": ("gauge", "Requests queued for the pool's workers", lambda d: d.queue_depth),
+        "gemma_pool_waiting_requests": ("gauge", "Requests held at a gateway for a worker", lambda d: d.waiting),
+        "gemma_pool_in_flight_requests": ("gauge", "Requests running on the pool's engines", lambda d: d.in_flight),
+        "gemma_pool_tokens_per_second": ("gauge", "Output tokens/s over the pool", lambda d: d.tokens_per_second),
+        "gemma_pool_ready_workers": (
+            "gauge", "Workers with a ready engine", lambda d: sum(w.state == "ready" for w in d.workers)
+        ),
+    }  # fmt: skip
+    pools = sorted(set(ServedModel.objects.values_list("pool", flat=True)))
+    demands = [pool_demand(pool) for pool in pools]
+    for name, (kind, help_text, value) in series.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        lines += [f'{name}{{pool="{d.pool}"}} {value(d)}' for d in demands]
+    connection.close_if_unusable_or_obsolete()
+    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")

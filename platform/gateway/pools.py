@@ -1,0 +1,98 @@
+"""Pool demand and worker state, read from Redis: what /readyz, the operator and /metrics report."""
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+from django.conf import settings
+
+from config.redis_client import get_redis
+from workers import protocol
+
+
+@dataclass
+class WorkerInfo:
+    name: str
+    pod: str
+    state: str
+    in_flight: int
+    tokens_per_second: float
+    last_seen: float
+
+
+@dataclass
+class PoolDemand:
+    pool: str
+    queue_depth: int
+    waiting: int
+    in_flight: int
+    tokens_per_second: float
+    oldest_queued_wait_seconds: float | None
+    workers: list[WorkerInfo] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def pool_workers(pool: str) -> list[WorkerInfo]:
+    """Workers that heartbeat within the timeout (dead ones are left out)."""
+    redis = get_redis()
+    now = time.time()
+    scored = redis.zrangebyscore(
+        protocol.pool_workers_key(pool), now - settings.WORKER_HEARTBEAT_TIMEOUT, "+inf", withscores=True
+    )
+    pipe = redis.pipeline(transaction=False)
+    for name, _ in scored:
+        pipe.hgetall(protocol.worker_key(name))
+    workers = []
+    for (name, seen), info in zip(scored, pipe.execute(), strict=True):
+        workers.append(
+            WorkerInfo(
+                name=name,
+                pod=info.get("pod", ""),
+                state=info.get("state", "starting"),
+                in_flight=int(info.get("in_flight", 0)),
+                tokens_per_second=float(info.get("tps", 0.0)),
+                last_seen=seen,
+            )
+        )
+    return workers
+
+
+def _oldest_queued_wait(queue: str) -> float | None:
+    # kombu's Redis transport LPUSHes and BRPOPs: the oldest message is the list's last element.
+    redis = get_redis()
+    raw = redis.lindex(queue, -1)
+    if raw is None:
+        return None
+    try:
+        request_id = json.loads(raw)["headers"]["id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    job = redis.get(protocol.input_key(request_id))
+    if job is None:
+        return None
+    return max(0.0, time.time() - json.loads(job)["enqueued_at"])
+
+
+def pool_demand(pool: str) -> PoolDemand:
+    redis = get_redis()
+    queue = protocol.queue_name(pool)
+    workers = pool_workers(pool)
+    return PoolDemand(
+        pool=pool,
+        queue_depth=redis.llen(queue),
+        waiting=max(0, int(redis.get(protocol.pool_waiting_key(pool)) or 0)),
+        in_flight=sum(w.in_flight for w in workers),
+        tokens_per_second=round(sum(w.tokens_per_second for w in workers), 2),
+        oldest_queued_wait_seconds=_oldest_queued_wait(queue),
+        workers=workers,
+    )
+
+
+def pool_drain(pool: str, pod: str, *, drain: bool) -> None:
+    key = protocol.pool_drain_key(pool)
+    if drain:
+        get_redis().sadd(key, pod)
+    else:
+        get_redis().srem(key, pod)

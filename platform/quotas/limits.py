@@ -1,0 +1,118 @@
+"""The limits that apply to a caller, resolved from plan and overrides and cached in Redis.
+
+Admission runs on every request, so the resolved limits of a tenant (and of its keys that have
+limits of their own) are kept in Redis for LIMITS_CACHE_SECONDS and dropped whenever a plan or
+quota changes (services call `limits_forget`), so every web process sees a change at once.
+"""
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+
+from django.db.models import F, Sum
+
+from config.redis_client import get_redis
+from ledger.models import UsageRecord
+from quotas.models import KeyQuota, LimitFields, TenantQuota
+
+LIMITS_CACHE_SECONDS = 30
+_CACHE = "quota:lim:{tenant_id}"
+
+
+@dataclass(frozen=True)
+class Period:
+    """A billing period: a calendar month in UTC."""
+
+    start: dt.datetime
+    end: dt.datetime
+
+    @property
+    def id(self) -> str:
+        return self.start.strftime("%Y-%m")
+
+    @classmethod
+    def containing(cls, when: dt.datetime) -> "Period":
+        start = when.astimezone(dt.UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        end = (start + dt.timedelta(days=32)).replace(day=1)
+        return cls(start, end)
+
+    @classmethod
+    def parse(cls, period_id: str) -> "Period":
+        """'2026-11' → that month; ValueError for anything else."""
+        start = dt.datetime.strptime(period_id, "%Y-%m").replace(tzinfo=dt.UTC)
+        return cls.containing(start)
+
+    @classmethod
+    def current(cls) -> "Period":
+        return cls.containing(dt.datetime.now(dt.UTC))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What admission enforces for one request: the tenant's limits and the key's own, if any."""
+
+    tenant: dict[str, int | None]
+    key: dict[str, int | None] | None
+    allowed_models: tuple[str, ...]
+    fair_share_weight: int
+    period: Period
+    # Tokens the ledger holds for this period: seeds the budget counters when Redis has none.
+    tenant_used: int
+    key_used: int
+
+    def may_use(self, model_id: str) -> bool:
+        return not self.allowed_models or model_id in self.allowed_models
+
+
+def _used_tokens(period: Period, **filters) -> int:
+    total = UsageRecord.objects.filter(finished_at__gte=period.start, finished_at__lt=period.end, **filters).aggregate(
+        n=Sum(F("prompt_tokens") + F("completion_tokens"))
+    )["n"]
+    return int(total or 0)
+
+
+def _resolve(tenant_id: int, period: Period) -> dict:
+    quota = TenantQuota.objects.select_related("plan").filter(tenant_id=tenant_id).first()
+    plan = quota.plan if quota else None
+    tenant_limits = {}
+    for name in LimitFields.LIMITS:
+        override = getattr(quota, name) if quota else None
+        tenant_limits[name] = override if override is not None else (getattr(plan, name) if plan else None)
+    keys = {str(kq.api_key_id): kq.limits() for kq in KeyQuota.objects.filter(api_key__tenant_id=tenant_id)}
+    used = {"tenant": _used_tokens(period, tenant_id=tenant_id) if tenant_limits["budget_tokens"] is not None else 0}
+    for key_id, limits in keys.items():
+        if limits["budget_tokens"] is not None:
+            used[key_id] = _used_tokens(period, api_key_id=int(key_id))
+    return {
+        "period": period.id,
+        "tenant": tenant_limits,
+        "keys": keys,
+        "allowed_models": list(plan.allowed_models) if plan else [],
+        "weight": plan.fair_share_weight if plan else 1,
+        "used": used,
+    }
+
+
+def limits_for(*, tenant_id: int, key_id: int) -> Limits:
+    period = Period.current()
+    redis = get_redis()
+    cache_key = _CACHE.format(tenant_id=tenant_id)
+    raw = redis.get(cache_key)
+    record = json.loads(raw) if raw else None
+    if record is None or record["period"] != period.id:
+        record = _resolve(tenant_id, period)
+        redis.set(cache_key, json.dumps(record), ex=LIMITS_CACHE_SECONDS)
+    key_limits = record["keys"].get(str(key_id))
+    return Limits(
+        tenant=record["tenant"],
+        key=key_limits,
+        allowed_models=tuple(record["allowed_models"]),
+        fair_share_weight=record["weight"],
+        period=period,
+        tenant_used=record["used"]["tenant"],
+        key_used=record["used"].get(str(key_id), 0),
+    )
+
+
+def limits_forget(*, tenant_id: int) -> None:
+    get_redis().delete(_CACHE.format(tenant_id=tenant_id))

@@ -1,0 +1,162 @@
+"""Business rules for tenants and API keys (HackSoft style: keyword-only, <entity>_<action>)."""
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+from django.dispatch import Signal
+from django.utils import timezone
+
+from config.redis_client import get_redis
+from tenants.keys import digests_match, key_generate, key_prefix
+from tenants.models import ApiKey, Tenant
+
+_AUTH_CACHE = "auth:{prefix}"
+_MISSING = "missing"
+_LAST_USED_EVERY_SECONDS = 60
+# Sent inside the rotation's transaction (old=, new=): apps that attach data to a key move it along.
+rotated = Signal()
+
+
+class AuthenticationFailed(Exception):
+    """The presented key is missing, malformed, unknown, revoked or expired."""
+
+
+@dataclass(frozen=True)
+class KeyPrincipal:
+    """Who is calling: the result of authenticating an API key."""
+
+    key_id: int
+    tenant_id: int
+    tenant_name: str
+    allowed_models: tuple[str, ...]
+
+    def may_use(self, model_id: str) -> bool:
+        return not self.allowed_models or model_id in self.allowed_models
+
+
+def tenant_create(*, name: str, display_name: str = "") -> Tenant:
+    tenant = Tenant(name=name, display_name=display_name or name)
+    tenant.full_clean()
+    tenant.save()
+    return tenant
+
+
+def apikey_create(
+    *,
+    tenant: Tenant,
+    name: str = "",
+    expires_at: dt.datetime | None = None,
+    allowed_models: list[str] | None = None,
+    is_admin: bool = False,
+) -> tuple[ApiKey, str]:
+    """Create a key; returns the row and the plaintext, which is never retrievable again."""
+    new = key_generate()
+    api_key = ApiKey.objects.create(
+        tenant=tenant,
+        name=name,
+        prefix=new.prefix,
+        digest=new.digest,
+        expires_at=expires_at,
+        allowed_models=list(allowed_models or []),
+        is_admin=is_admin,
+    )
+    return api_key, new.plaintext
+
+
+@transaction.atomic
+def apikey_rotate(*, api_key: ApiKey, grace_seconds: int = 0) -> tuple[ApiKey, str]:
+    """Replace a key by a new one with the same settings; the old one keeps working for the grace period.
+
+    Returns the new row and its plaintext (shown once). Limits of the key's own move to the new key.
+    """
+    if not api_key.is_usable():
+        raise ValueError("A revoked or expired key cannot be rotated.")
+    new_key, plaintext = apikey_create(
+        tenant=api_key.tenant,
+        name=api_key.name,
+        expires_at=api_key.expires_at,
+        allowed_models=api_key.allowed_models,
+        is_admin=api_key.is_admin,
+    )
+    apikey_revoke(api_key=api_key, at=timezone.now() + dt.timedelta(seconds=max(0, grace_seconds)))
+    rotated.send(sender=ApiKey, old=api_key, new=new_key)
+    return new_key, plaintext
+
+
+def apikey_find(*, key_or_prefix: str) -> ApiKey:
+    prefix = key_prefix(key_or_prefix) or key_or_prefix
+    return ApiKey.objects.select_related("tenant").get(prefix=prefix)
+
+
+def apikey_revoke(*, api_key: ApiKey, at: dt.datetime | None = None) -> ApiKey:
+    """Revoke now (or at a later time, for rotation grace periods); effective in every web process at once."""
+    api_key.revoked_at = at or timezone.now()
+    api_key.save(update_fields=["revoked_at"])
+    transaction.on_commit(lambda: apikey_cache_forget(prefix=api_key.prefix))
+    return api_key
+
+
+def apikey_cache_forget(*, prefix: str) -> None:
+    get_redis().delete(_AUTH_CACHE.format(prefix=prefix))
+
+
+def _cached_key_record(prefix: str) -> dict | None:
+    """The key's auth record from Redis, falling back to PostgreSQL (and caching the answer)."""
+    redis = get_redis()
+    cache_key = _AUTH_CACHE.format(prefix=prefix)
+    cached = redis.get(cache_key)
+    if cached == _MISSING:
+        return None
+    if cached is not None:
+        return json.loads(cached)
+    api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    if api_key is None:
+        # A short negative cache keeps a flood of bad keys off the database.
+        redis.set(cache_key, _MISSING, ex=5)
+        return None
+    record = {
+        "key_id": api_key.id,
+        "tenant_id": api_key.tenant_id,
+        "tenant_name": api_key.tenant.name,
+        "tenant_active": api_key.tenant.is_active,
+        "digest": api_key.digest,
+        "allowed_models": api_key.allowed_models,
+        "expires_at": api_key.expires_at.timestamp() if api_key.expires_at else None,
+        "revoked_at": api_key.revoked_at.timestamp() if api_key.revoked_at else None,
+    }
+    if settings.AUTH_CACHE_SECONDS:
+        redis.set(cache_key, json.dumps(record), ex=settings.AUTH_CACHE_SECONDS)
+    return record
+
+
+def apikey_authenticate(*, plaintext: str) -> KeyPrincipal:
+    """Check a presented key: constant-time digest compare, then revocation, expiry, tenant state."""
+    prefix = key_prefix(plaintext)
+    if prefix is None:
+        raise AuthenticationFailed("Incorrect API key provided.")
+    record = _cached_key_record(prefix)
+    if record is None or not digests_match(record["digest"], plaintext):
+        raise AuthenticationFailed("Incorrect API key provided.")
+    now = timezone.now().timestamp()
+    if record["revoked_at"] is not None and record["revoked_at"] <= now:
+        raise AuthenticationFailed("This API key has been revoked.")
+    if record["expires_at"] is not None and record["expires_at"] <= now:
+        raise AuthenticationFailed("This API key has expired.")
+    if not record["tenant_active"]:
+        raise AuthenticationFailed("This API key's tenant is suspended.")
+    _touch_last_used(record["key_id"])
+    return KeyPrincipal(
+        key_id=record["key_id"],
+        tenant_id=record["tenant_id"],
+        tenant_name=record["tenant_name"],
+        allowed_models=tuple(record["allowed_models"]),
+    )
+
+
+def _touch_last_used(key_id: int) -> None:
+    # At most one UPDATE per key per minute, whatever the request rate.
+    if get_redis().set(f"lastused:{key_id}", 1, nx=True, ex=_LAST_USED_EVERY_SECONDS):
+        ApiKey.objects.filter(id=key_id).update(last_used_at=timezone.now())

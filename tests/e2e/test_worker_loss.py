@@ -1,0 +1,66 @@
+"""A worker that dies mid-request ends the stream with an explicit error event, within bounded time."""
+
+import json
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.stack import ROOT, wait_usage_row
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+DOOMED_POOL = "doomed"
+MODEL = "tiny-doomed"
+
+
+def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_records_usage(live_stack, make_tenant):
+    stack = live_stack
+    stack.register_model(MODEL, pool=DOOMED_POOL)
+    _, key = make_tenant("alice")
+    stack.start_worker(name="doomed", pool=DOOMED_POOL, concurrency=4)
+    try:
+        stack.wait_ready(pool=DOOMED_POOL)
+        with httpx.stream(
+            "POST",
+            f"{stack.base_url}/v1/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={"model": MODEL, "prompt": "Go", "max_tokens": 1900, "ignore_eos": True, "stream": True},
+            timeout=60,
+        ) as response:
+            assert response.status_code == 200
+            events, killed_at = [], None
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                events.append(line[6:])
+                if killed_at is None and len(events) >= 3:
+                    stack.stop("worker-doomed", sig=signal.SIGKILL)
+                    killed_at = time.monotonic()
+            ended_after = time.monotonic() - killed_at
+    finally:
+        if "worker-doomed" in stack.procs:
+            stack.stop("worker-doomed", sig=signal.SIGKILL)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["code"] == "worker_lost" and error["type"] == "server_error"
+    # Heartbeat timeout is 6 s in the stack, keep-alive 1 s: the end comes well within 20 s.
+    assert ended_after < 20, f"the stream hung for {ended_after:.1f}s after the worker died"
+    request_id = json.loads(events[0])["id"]
+    row = wait_usage_row(request_id)
+    assert row.status == "worker_lost" and 0 < row.completion_tokens < 1900
+
+
+def test_a_worker_whose_engine_cannot_start_exits_with_an_error(live_stack, tmp_path):
+    result = subprocess.run(
+        live_stack.worker_command("broken", pool="broken", concurrency=2),
+        cwd=ROOT,
+        env=live_stack.worker_env("broken", pool="broken", model_path=str(tmp_path / "no-model-here")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 3
+    assert "the engine failed to start" in result.stderr + result.stdout

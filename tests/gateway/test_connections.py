@@ -1,0 +1,147 @@
+"""The gateway gives its database connection back, and answers a backing-service outage with a 503."""
+
+import json
+import time
+
+import pytest
+from django import db
+from django.test import Client
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ledger.models import UsageRecord
+from tests.quotas.helpers import worker_reports
+
+
+@pytest.fixture
+def connections_close_at_request_end():
+    """Per-request connections, as with the pool (CONN_MAX_AGE 0); the suite itself keeps them."""
+    settings_dict = db.connection.settings_dict
+    before = settings_dict["CONN_MAX_AGE"]
+    db.connection.close()
+    settings_dict["CONN_MAX_AGE"] = 0
+    yield
+    settings_dict["CONN_MAX_AGE"] = before
+
+
+def _finished_request(make_tenant, redis_client, request_id: str):
+    """A tenant whose request `request_id` just ended: its reservation held, the worker's usage pending."""
+    from quotas.admission import quota_admit
+    from quotas.limits import limits_for
+    from tenants.models import ApiKey
+
+    tenant, _ = make_tenant("erin")
+    key_id = ApiKey.objects.get(tenant=tenant).id
+    limits = limits_for(tenant_id=tenant.id, key_id=key_id)
+    quota_admit(request_id=request_id, tenant_id=tenant.id, key_id=key_id, limits=limits, prompt_tokens=7,
+                max_tokens=10, implicit_max_tokens=False)  # fmt: skip
+    worker_reports(redis_client, request_id, tenant, key_id, prompt=7, completion=3)
+    db.connection.close()
+    return tenant
+
+
+def _close_reply(request_id: str) -> None:
+    from gateway.views import _RecordingResponse
+
+    response = _RecordingResponse(b"{}", content_type="application/json", request_id=request_id)
+    response.close()  # what the server calls once the body is sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unbatched_reply_writes_its_row_before_the_connection_goes_back(
+    connections_close_at_request_end, make_tenant, redis_client, settings
+):
+    settings.LEDGER_BATCH_SECONDS = 0
+    _finished_request(make_tenant, redis_client, "chatcmpl-conn")
+
+    _close_reply("chatcmpl-conn")
+
+    # The usage row was written, and the connection that wrote it was closed (returned to the pool):
+    # one kept open here stays with this idle server thread, and enough of those starve the pool.
+    assert db.connection.connection is None
+    assert UsageRecord.objects.get(request_id="chatcmpl-conn").completion_tokens == 3
+    assert not redis_client.exists("resv:chatcmpl-conn")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batched_reply_settles_at_once_and_its_row_follows(
+    connections_close_at_request_end, make_tenant, redis_client, settings
+):
+    settings.LEDGER_BATCH_SECONDS = 0.05
+    _finished_request(make_tenant, redis_client, "chatcmpl-batch")
+
+    _close_reply("chatcmpl-batch")
+
+    assert not redis_client.exists("resv:chatcmpl-batch")  # the quota is settled before the reply ends
+    assert db.connection.connection is None  # the request's thread holds no connection
+    deadline = time.monotonic() + 10
+    while not UsageRecord.objects.filter(request_id="chatcmpl-batch").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert UsageRecord.objects.get(request_id="chatcmpl-batch").completion_tokens == 3
+    assert not redis_client.hexists("ledger:pending", "chatcmpl-batch")
+
+
+@pytest.mark.django_db
+def test_an_unreachable_redis_is_a_503_in_openai_shape(monkeypatch):
+    from gateway import views
+
+    def redis_down(*args, **kwargs):
+        raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(views, "authenticate", redis_down)  # the first step of every request
+    body = {"model": "tiny-gemma4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    reply = Client().post(
+        "/v1/chat/completions", json.dumps(body), content_type="application/json",
+        headers={"Authorization": "Bearer gpk_x"},
+    )  # fmt: skip
+
+    assert reply.status_code == 503, reply.content
+    assert reply["Retry-After"] == "2"
+    assert reply.json()["error"] == {
+        "message": "The service is temporarily unavailable; try again shortly.",
+        "type": "service_unavailable_error",
+        "param": None,
+        "code": "service_unavailable",
+    }
+
+
+def test_redis_reads_outlast_the_gateways_blocking_reads(settings):
+    """redis-py 8 times reads out after 5 s by default, as long as the relay's XREAD blocks: a stream
+    waiting for its first token behind a busy pool died with "Timeout reading from socket"."""
+    from config.redis_client import get_redis
+
+    timeout = get_redis().connection_pool.connection_kwargs["socket_timeout"]
+    assert timeout >= settings.SSE_KEEPALIVE_SECONDS + 10
+
+
+def test_a_redis_failure_mid_stream_ends_it_with_an_error_event(monkeypatch):
+    from gateway import dispatch, views
+    from gateway.validation import completion_request
+    from workers.protocol import RequestInput
+
+    def relay(job, model):
+        yield dispatch.Delta("Hello", 1)
+        raise RedisTimeoutError("Timeout reading from socket")
+
+    abandoned, recorded = [], []
+
+    def abandon(job):  # Redis is still down: telling the worker to stop fails too
+        abandoned.append(job)
+        raise RedisConnectionError("Connection refused")
+
+    monkeypatch.setattr(dispatch, "relay", relay)
+    monkeypatch.setattr(dispatch, "abandon", abandon)
+    monkeypatch.setattr(dispatch, "record", recorded.append)
+    job = RequestInput(request_id="cmpl-cut", model="m", prompt_token_ids=[1], params={}, tenant_id=1, key_id=1,
+                       enqueued_at=time.time())  # fmt: skip
+    spec = completion_request({"model": "m", "prompt": "hi", "stream": True})
+
+    frames = b"".join(views._stream(job, type("Model", (), {"model_id": "m"})(), spec)).decode()
+
+    events = [line[6:] for line in frames.splitlines() if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["text"] == "Hello"
+    assert json.loads(events[1])["error"]["code"] == "stream_interrupted"
+    assert json.loads(events[1])["error"]["type"] == "service_unavailable_error"
+    assert events[2] == "[DONE]"
+    assert abandoned == [job]  # the worker is asked to stop; either way it records what it generated
+    assert recorded == []  # no fast path into the ledger without Redis: the periodic flush writes it

@@ -1,0 +1,159 @@
+"""``make up`` as a new user runs it: one command brings the stack up, a curl line answers, Ctrl-C stops it."""
+
+import json
+import os
+import queue
+import re
+import runpy
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from deploy.local.services import REPO_ROOT, stop_services
+
+GUNICORN_CONF = REPO_ROOT / "deploy" / "gunicorn.conf.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_gunicorn_config_reads_its_settings_from_the_environment(monkeypatch):
+    monkeypatch.delenv("GUNICORN_BIND", raising=False)
+    monkeypatch.delenv("GUNICORN_ACCESS_LOG", raising=False)
+    monkeypatch.setenv("PORT", "9123")
+    monkeypatch.setenv("WEB_CONCURRENCY", "3")
+    monkeypatch.setenv("GUNICORN_THREADS", "16")
+
+    conf = runpy.run_path(str(GUNICORN_CONF))
+
+    assert conf["bind"] == "0.0.0.0:9123"
+    assert (conf["worker_class"], conf["workers"], conf["threads"]) == ("gthread", 3, 16)
+    assert conf["timeout"] == 0  # a long SSE stream is never cut by the worker timeout
+    assert conf["accesslog"] is None
+
+
+def test_the_gunicorn_config_defaults_suit_streaming(monkeypatch):
+    for name in ("PORT", "WEB_CONCURRENCY", "GUNICORN_THREADS", "GUNICORN_BIND", "HOST"):
+        monkeypatch.delenv(name, raising=False)
+
+    conf = runpy.run_path(str(GUNICORN_CONF))
+
+    assert (conf["bind"], conf["workers"], conf["threads"]) == ("0.0.0.0:8000", 2, 64)
+
+
+def test_the_gunicorn_config_names_a_malformed_variable(monkeypatch):
+    monkeypatch.setenv("GUNICORN_THREADS", "many")
+
+    with pytest.raises(SystemExit, match="GUNICORN_THREADS must be an integer"):
+        runpy.run_path(str(GUNICORN_CONF))
+
+
+class _Up:
+    """``python -m deploy.local.up`` in a private state folder, its output read line by line."""
+
+    def __init__(self, state_dir: Path, port: int) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
+        env.update(UP_STATE_DIR=str(state_dir), PORT=str(port), PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "deploy.local.up"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.output: list[str] = []
+        # A thread drains the pipe: select() on a buffered text pipe misses lines already buffered.
+        self._lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.process.stdout:
+            self._lines.put(line)
+
+    def read_until(self, marker: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None or not self._lines.empty():
+            try:
+                line = self._lines.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            self.output.append(line)
+            if marker in line:
+                return line
+        raise AssertionError(f"no {marker!r} in make up's output:\n{''.join(self.output)}")
+
+    def stop(self, signum: int = signal.SIGINT, timeout: float = 90) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        time.sleep(0.5)  # let the pump thread take the last lines
+        while not self._lines.empty():
+            self.output.append(self._lines.get())
+        return self.process.returncode
+
+
+@pytest.fixture
+def state_dir():
+    # World-traversable (PostgreSQL runs as an unprivileged user when we are root); removed after.
+    folder = Path(tempfile.mkdtemp(prefix="make-up-test-"))
+    folder.chmod(0o755)
+    yield folder
+    stop_services(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_make_up_serves_a_chat_completion_and_stops_everything_on_ctrl_c(state_dir):
+    port = _free_port()
+    up = _Up(state_dir, port)
+    try:
+        up.read_until("Ctrl-C stops everything", timeout=480)
+        text = "".join(up.output)
+        key = re.search(r"API key:\s+(\S+)", text).group(1)
+        assert f"Base URL:  http://127.0.0.1:{port}/v1" in text
+        assert (state_dir / "demo-key").read_text().strip() == key
+        curl_body = re.search(r"-d '(\{.*\})'", text).group(1)
+
+        # What the printed curl line sends, sent here.
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            data=curl_body.encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            reply = json.load(response)
+        assert reply["model"] == "tiny-gemma4"
+        assert reply["choices"][0]["message"]["role"] == "assistant"
+        assert reply["usage"]["completion_tokens"] > 0
+    finally:
+        code = up.stop(signal.SIGINT)
+
+    assert code == 0, "".join(up.output)
+    assert "stopping postgres, redis" in "".join(up.output)
+    assert not _port_open(port)
+    assert stop_services(state_dir) == []  # the embedded servers it started are stopped too
+    assert not (state_dir / "up.json").exists()

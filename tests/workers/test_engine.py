@@ -1,0 +1,265 @@
+"""EngineHost on the real vLLM engine (CPU, tiny Gemma 4 model), driven from many threads.
+
+One engine serves the whole session (see conftest.py). Greedy decoding of the random model is
+deterministic, so outputs can be compared exactly.
+"""
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+
+from workers.engine import EngineHost, EngineNotReady, EngineStartError, RequestRejected
+
+pytestmark = pytest.mark.engine
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+def _rid(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def _collect(host, prompt_ids, params, **kwargs):
+    return list(host.stream(_rid(), prompt_ids, params, **kwargs))
+
+
+def _ids(chunks) -> list[int]:
+    return [token for chunk in chunks for token in chunk.token_ids]
+
+
+def _text(chunks) -> str:
+    return "".join(chunk.text for chunk in chunks)
+
+
+def _vllm_direct(host, prompt_ids, max_tokens):
+    """The same request straight through vLLM's AsyncLLM (final output only), on the host's loop."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, output_kind=RequestOutputKind.FINAL_ONLY, **GREEDY)
+
+    async def run():
+        final = None
+        async for output in host._engine.generate({"prompt_token_ids": prompt_ids}, params, _rid("direct")):
+            final = output
+        return final.outputs[0]
+
+    return asyncio.run_coroutine_threadsafe(run(), host._loop).result(timeout=60)
+
+
+def _wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_the_host_is_ready(engine_host):
+    assert engine_host.ready
+    assert engine_host.state == "ready"
+    assert engine_host.num_unfinished_requests() == 0
+
+
+def test_greedy_output_is_deterministic_and_equals_vllm_direct(engine_host, chat_prompt_ids):
+    first = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 48})
+    second = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 48})
+    direct = _vllm_direct(engine_host, chat_prompt_ids, 48)
+    assert _ids(first) == _ids(second) == list(direct.token_ids)
+    assert _text(first) == _text(second) == direct.text
+
+
+def test_chunks_add_up_to_the_completion(engine_host, chat_prompt_ids):
+    chunks = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 40})
+    final = chunks[-1]
+    assert [chunk.finished for chunk in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert final.finish_reason == "length"
+    assert all(chunk.finish_reason is None for chunk in chunks[:-1])
+    assert sum(chunk.token_count for chunk in chunks) == len(_ids(chunks)) == final.completion_tokens == 40
+    assert all(chunk.token_count == len(chunk.token_ids) for chunk in chunks)
+    assert all(chunk.prompt_tokens == len(chat_prompt_ids) for chunk in chunks)
+    assert chunks[0].token_count > 0 and chunks[0].ttft is not None and chunks[0].ttft > 0
+    assert final.decode_time is not None and final.decode_time > 0
+
+
+def test_deltas_are_coalesced_per_flush_interval(engine_host, chat_prompt_ids):
+    params = {**GREEDY, "max_tokens": 200}
+    received = []
+    for chunk in engine_host.stream(_rid(), chat_prompt_ids, params, flush_interval=0.1):
+        received.append((time.monotonic(), chunk))
+    times = [at for at, chunk in received if not chunk.finished]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+    assert all(gap >= 0.095 for gap in gaps), gaps
+    assert sum(chunk.token_count for _, chunk in received) == 200
+    per_token = _collect(engine_host, chat_prompt_ids, params, flush_interval=0)
+    assert len(received) < len(per_token) / 2, (len(received), len(per_token))
+    assert _ids(chunk for _, chunk in received) == _ids(per_token)
+
+
+def test_max_tokens_is_honoured(engine_host, chat_prompt_ids):
+    chunks = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 5})
+    assert chunks[-1].completion_tokens == 5
+    assert chunks[-1].finish_reason == "length"
+
+
+def test_a_stop_string_ends_the_completion_before_it(engine_host, chat_prompt_ids):
+    full = _text(_collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 64}))
+    # A printable two-character piece from the middle of the greedy output, first seen there.
+    stop = next(
+        full[i : i + 2]
+        for i in range(len(full) // 3, len(full) - 2)
+        if full[i : i + 2].isalnum() and full[i : i + 2].isascii() and full.index(full[i : i + 2]) == i
+    )
+    chunks = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 64, "stop": [stop]})
+    assert chunks[-1].finish_reason == "stop"
+    assert _text(chunks) == full[: full.index(stop)]
+
+
+def test_a_seed_makes_sampling_reproducible(engine_host, chat_prompt_ids):
+    def sample(seed):
+        params = {"temperature": 1.0, "top_p": 1.0, "seed": seed, "max_tokens": 32, "ignore_eos": True}
+        return _ids(_collect(engine_host, chat_prompt_ids, params))
+
+    assert sample(7) == sample(7)
+    assert sample(7) != sample(8)
+
+
+def test_concurrent_streams_are_batched(engine_host, chat_prompt_ids):
+    n, max_tokens = 32, 64
+    params = {**GREEDY, "max_tokens": max_tokens}
+    _collect(engine_host, chat_prompt_ids, params)  # warm
+
+    started = time.monotonic()
+    sequential_tokens = sum(_collect(engine_host, chat_prompt_ids, params)[-1].completion_tokens for _ in range(n))
+    sequential = time.monotonic() - started
+
+    results: dict[int, int] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(n)
+
+    def one(i):
+        try:
+            barrier.wait()
+            results[i] = _collect(engine_host, chat_prompt_ids, params)[-1].completion_tokens
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    concurrent = time.monotonic() - started
+
+    assert not errors, errors
+    assert sequential_tokens == sum(results.values()) == n * max_tokens
+    ratio = sequential / concurrent
+    print(
+        f"\n{n} x {max_tokens} tokens: sequential {sequential:.2f} s ({sequential_tokens / sequential:.0f} tok/s), "
+        f"{n} threads {concurrent:.2f} s ({n * max_tokens / concurrent:.0f} tok/s), speed-up {ratio:.1f}x"
+    )
+    assert ratio > 3
+
+
+def test_closing_a_stream_aborts_the_request(engine_host, chat_prompt_ids):
+    stream = engine_host.stream(_rid("abort"), chat_prompt_ids, {**GREEDY, "max_tokens": 1900})
+    first = next(stream)
+    assert not first.finished
+    assert engine_host.num_unfinished_requests() == 1
+    stream.close()
+    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+    assert list(stream) == []
+    # The engine serves the next request normally.
+    assert _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 3})[-1].completion_tokens == 3
+
+
+def test_a_stream_closed_before_its_first_token_is_aborted(engine_host, chat_prompt_ids):
+    for _ in range(5):  # closes racing the submission, at several points
+        engine_host.stream(_rid("early"), chat_prompt_ids, {**GREEDY, "max_tokens": 1900}).close()
+    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+
+
+def test_a_dropped_generator_loop_aborts_the_request(engine_host, chat_prompt_ids):
+    def read_two_chunks():
+        for count, _chunk in enumerate(
+            engine_host.stream(_rid("drop"), chat_prompt_ids, {**GREEDY, "max_tokens": 1900})
+        ):
+            if count == 1:
+                break  # the stream is dropped here, unclosed
+
+    read_two_chunks()
+    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+
+
+def test_abort_from_another_thread_ends_the_stream_with_abort(engine_host, chat_prompt_ids):
+    rid = _rid("abort")
+    chunks = []
+    with engine_host.stream(rid, chat_prompt_ids, {**GREEDY, "max_tokens": 1900}) as stream:
+        for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 1:
+                threading.Thread(target=engine_host.abort, args=(rid,)).start()
+    assert chunks[-1].finished
+    assert chunks[-1].finish_reason == "abort"
+    assert chunks[-1].completion_tokens < 1900
+    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+
+
+def test_priority_is_accepted_under_fcfs_scheduling(engine_host, chat_prompt_ids):
+    chunks = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 4, "priority": 5})
+    assert chunks[-1].completion_tokens == 4
+
+
+def test_a_cache_salt_does_not_change_the_output(engine_host, chat_prompt_ids):
+    plain = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 8})
+    salted = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 8, "cache_salt": "tenant-alice"})
+    assert _ids(plain) == _ids(salted)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        ([2, 4, 5], {"max_tokens": 4, "logit_bias": {}}, "unknown request parameter"),
+        ([2, 4, 5], {"max_tokens": 0}, "max_tokens"),
+        ([2, 4, 5], {"temperature": -1}, "temperature"),
+        ([], {"max_tokens": 4}, "no tokens"),
+        (["a", "b"], {"max_tokens": 4}, "integers"),
+    ],
+)
+def test_bad_requests_are_rejected_before_submission(engine_host, prompt, params, message):
+    with pytest.raises(RequestRejected, match=message):
+        engine_host.stream(_rid(), prompt, params)
+
+
+def test_a_prompt_longer_than_the_context_is_rejected(engine_host):
+    with pytest.raises(RequestRejected):
+        _collect(engine_host, [2] + [300] * 2100, {"max_tokens": 4})
+    assert engine_host.ready
+
+
+def test_a_request_id_in_flight_cannot_be_reused(engine_host, chat_prompt_ids):
+    rid = _rid("dup")
+    with engine_host.stream(rid, chat_prompt_ids, {**GREEDY, "max_tokens": 1900}):
+        with pytest.raises(RequestRejected, match="already in flight"):
+            engine_host.stream(rid, chat_prompt_ids, {"max_tokens": 1})
+    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+
+
+def test_a_host_not_started_refuses_requests(engine_model_dir):
+    host = EngineHost(str(engine_model_dir))
+    assert host.state == "stopped" and not host.ready
+    with pytest.raises(EngineNotReady):
+        host.stream("x", [2, 4, 5], {"max_tokens": 1})
+
+
+def test_a_start_failure_is_reported_with_its_cause(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    host = EngineHost(str(tmp_path))  # no config.json: not a model
+    with pytest.raises(EngineStartError, match=r"vLLM engine failed to start .*" + str(tmp_path)):
+        host.start(timeout=120)
+    assert host.state == "failed"
+    assert host.failure

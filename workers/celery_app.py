@@ -1,0 +1,50 @@
+"""The Celery application shared by the gateway (producer), the GPU workers and beat.
+
+Queues: `pool.<pool>` per model pool (inference, consumed by GPU workers) and `control`
+(bookkeeping such as the periodic ledger flush). Interactive inference runs at most once:
+tasks are acknowledged on receipt (acks_late off), so a lost worker's request is never replayed;
+the gateway notices the worker is gone and ends the stream with an error instead.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+for _path in (_ROOT / "platform", _ROOT):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+from celery import Celery  # noqa: E402
+
+app = Celery("gemma_platform", include=["workers.tasks", "quotas.tasks", "billing.tasks"])
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    task_acks_late=False,
+    # One task at a time per execution slot: a slot's concurrency is already the engine's batching;
+    # prefetching more would hide a backlog from other workers of the pool and from fair share.
+    worker_prefetch_multiplier=1,
+    task_default_queue="control",
+    task_serializer="json",
+    accept_content=["json"],
+    # Ack emulation stays on (kombu's default): turning it off (two fewer round trips per task) was
+    # tried and measured no better in the end-to-end batching test (docs/benchmarks.md).
+    broker_transport_options={"visibility_timeout": 3600},
+    # kombu's Redis transport, reusing one client per channel for publishing (workers/broker.py).
+    broker_transport="workers.broker:Transport",
+    worker_hijack_root_logger=False,
+    beat_schedule={
+        "ledger-flush": {"task": "ledger.flush", "schedule": 5.0, "options": {"queue": "control", "expires": 30}},
+        "quotas-reap": {"task": "quotas.reap", "schedule": 60.0, "options": {"queue": "control", "expires": 60}},
+        "billing-rollup": {"task": "billing.rollup", "schedule": 60.0, "options": {"queue": "control", "expires": 60}},
+        "billing-close-invoices": {
+            "task": "billing.close_invoices",
+            "schedule": 3600.0,
+            "options": {"queue": "control", "expires": 600},
+        },
+    },
+)
+
+# Connects the worker's signal handlers (engine start, heartbeat, drain); hosts no engine by itself.
+from workers import serving  # noqa: E402, F401

@@ -1,0 +1,108 @@
+"""The Redis contract between the gateway (web) and the GPU workers.
+
+Per request (all keys expire after REQUEST_TTL seconds):
+  req:<rid>:in      JSON input written by the gateway before dispatch (prompt ids, params, who pays).
+  req:<rid>:ev      Redis Stream of events written by the worker, read by the gateway:
+                      t=start  w=<worker name>
+                      t=delta  x=<text> n=<new completion tokens>      (coalesced: one per flush interval)
+                      t=done   u=<usage JSON>
+                      t=error  m=<message> c=<code>
+  req:<rid>:cancel  set by the gateway when the client went away; the worker aborts the engine request.
+Ledger:
+  ledger:pending    hash rid -> usage JSON; written by the worker in the same MULTI as the done event,
+                    drained into PostgreSQL (idempotent on rid) by the gateway and a periodic task.
+Pools and workers:
+  pool:<pool>:workers  sorted set worker name -> last heartbeat (unix seconds)
+  worker:<name>        hash: pool, pod, model, state (starting|ready|draining|stopped), in_flight, slots
+  pool:<pool>:drain    set of pod names asked to drain
+  pool:<pool>:waiting  count of requests held at a gateway waiting for a worker (scale from zero)
+"""
+
+import json
+from dataclasses import asdict, dataclass, field
+
+REQUEST_TTL = 3600
+
+
+def input_key(rid: str) -> str:
+    return f"req:{rid}:in"
+
+
+def events_key(rid: str) -> str:
+    return f"req:{rid}:ev"
+
+
+def cancel_key(rid: str) -> str:
+    return f"req:{rid}:cancel"
+
+
+LEDGER_PENDING = "ledger:pending"
+
+
+def pool_workers_key(pool: str) -> str:
+    return f"pool:{pool}:workers"
+
+
+def worker_key(name: str) -> str:
+    return f"worker:{name}"
+
+
+def pool_drain_key(pool: str) -> str:
+    return f"pool:{pool}:drain"
+
+
+def pool_waiting_key(pool: str) -> str:
+    return f"pool:{pool}:waiting"
+
+
+def queue_name(pool: str) -> str:
+    return f"pool.{pool}"
+
+
+@dataclass
+class RequestInput:
+    """What a worker needs to run one request; stored at input_key(rid)."""
+
+    request_id: str
+    model: str
+    prompt_token_ids: list[int]
+    params: dict
+    tenant_id: int
+    key_id: int
+    enqueued_at: float
+    cache_salt: str = ""
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, raw: str) -> "RequestInput":
+        return cls(**json.loads(raw))
+
+
+@dataclass
+class Usage:
+    """One request's metered usage, as the engine counted it. Becomes one ledger row."""
+
+    request_id: str
+    tenant_id: int
+    key_id: int
+    model: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    queue_ms: int = 0
+    ttft_ms: int | None = None
+    total_ms: int = 0
+    finish_reason: str | None = None
+    # ok | cancelled (client went away) | error | worker_lost
+    status: str = "ok"
+    worker: str = ""
+    finished_at: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def loads(cls, raw: str) -> "Usage":
+        return cls(**json.loads(raw))

@@ -1,0 +1,293 @@
+"""The GPU worker's runtime: one engine per process, request execution, heartbeat and drain.
+
+A worker is configured by environment: SERVED_MODEL (the model id clients use), MODEL_PATH,
+WORKER_POOL, ENGINE_PROFILE. A Celery worker without SERVED_MODEL (a control-queue worker) hosts
+no engine. The engine starts in `celeryd_after_setup`, before the worker consumes anything, so a
+worker never takes a task it cannot run.
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import redis
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
+from django.conf import settings
+
+from workers import protocol
+from workers.celery_app import app
+from workers.protocol import RequestInput, Usage
+from workers.threadpools import prestart_threads
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 2.0
+CANCEL_CHECK_SECONDS = 0.25
+# However many requests are in flight, a stream still gets an event at least this often.
+FLUSH_INTERVAL_CAP_SECONDS = 0.25
+
+
+def _env_number(name: str, default: str, high: float) -> float:
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise RuntimeError(f"{name} must be a number, got {raw!r}") from None
+    if not 0 <= value <= high:
+        raise RuntimeError(f"{name} must be within 0..{high:g}, got {raw!r}")
+    return value
+
+
+def _flush_interval_seconds() -> float:
+    """WORKER_FLUSH_INTERVAL_MS (default 20): the shortest interval between two delta events of one
+    request (the first and the last go out at once)."""
+    return _env_number("WORKER_FLUSH_INTERVAL_MS", "20", 1000) / 1000
+
+
+def _flush_events_per_second() -> float:
+    """WORKER_FLUSH_EVENTS_PER_SECOND (default 250, 0 = off): a budget for the delta events of all the
+    requests in flight together. Every event costs an XADD here and, in the gateway, a stream read, an
+    SSE frame and a socket write: that per-event work, not the engine, bounded the platform at 32+
+    streams (docs/benchmarks.md). So a request's interval grows with the requests in flight
+    (in flight / budget, never below WORKER_FLUSH_INTERVAL_MS): smooth streams when few run, a few
+    tokens per event when many do. Measured on 2 cores at 64 streams: 20 ms fixed 1,325 tok/s, 100 ms
+    fixed 3,120."""
+    return _env_number("WORKER_FLUSH_EVENTS_PER_SECOND", "250", 1_000_000)
+
+
+class WorkerRuntime:
+    def __init__(self, *, name: str, model: str, model_path: str, pool: str, profile: str, slots: int = 0):
+        from workers.engine import EngineHost
+
+        self.name = name
+        self.model = model
+        self.pool = pool
+        self.slots = slots  # requests this worker runs at once (its Celery concurrency): the gateway's fair share
+        self.pod = os.environ.get("POD_NAME") or socket.gethostname()
+        self.redis = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, health_check_interval=30)
+        self.engine = EngineHost(model_path, profile=profile, served_model_name=model)
+        self.state = "starting"
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._consuming = True
+        self._tokens_total = 0  # completion tokens generated, for the tokens/s the heartbeat reports
+        self.flush_interval = _flush_interval_seconds()
+        self.flush_events_per_second = _flush_events_per_second()
+        self._rate_mark = (time.monotonic(), 0)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
+        try:
+            self.engine.start()
+        except Exception:
+            self.state = "failed"
+            self._beat()
+            raise
+        self.state = "ready"
+        self._beat()
+        log.info("worker %s: engine ready for %s on queue %s", self.name, self.model, protocol.queue_name(self.pool))
+
+    def stop(self) -> None:
+        self.state = "stopped"
+        self._stop.set()
+        pipe = self.redis.pipeline()
+        pipe.zrem(protocol.pool_workers_key(self.pool), self.name)
+        pipe.hset(protocol.worker_key(self.name), "state", "stopped")
+        pipe.execute()
+        self.engine.shutdown()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    # -- heartbeat and drain -----------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self._beat()
+                self._follow_drain_request()
+            except redis.RedisError:
+                log.warning("heartbeat: Redis unavailable", exc_info=True)
+
+    def _tokens_per_second(self) -> float:
+        now, total = time.monotonic(), self._tokens_total
+        then, before = self._rate_mark
+        self._rate_mark = (now, total)
+        return round((total - before) / (now - then), 2) if now > then else 0.0
+
+    def _beat(self) -> None:
+        pipe = self.redis.pipeline()
+        pipe.hset(
+            protocol.worker_key(self.name),
+            mapping={
+                "pool": self.pool,
+                "pod": self.pod,
+                "model": self.model,
+                "state": self.state,
+                "in_flight": self._in_flight,
+                "slots": self.slots,
+                "tps": self._tokens_per_second(),
+                "updated": time.time(),
+            },
+        )
+        pipe.expire(protocol.worker_key(self.name), 3600)
+        pipe.zadd(protocol.pool_workers_key(self.pool), {self.name: time.time()})
+        pipe.execute()
+
+    def _follow_drain_request(self) -> None:
+        """Stop (or resume) consuming when the operator asks this pod to drain (or cancels it)."""
+        if self.state not in ("ready", "draining"):
+            return
+        drain = bool(self.redis.sismember(protocol.pool_drain_key(self.pool), self.pod))
+        if drain and self._consuming:
+            app.control.cancel_consumer(protocol.queue_name(self.pool), destination=[self.name])
+            self._consuming, self.state = False, "draining"
+            log.info("worker %s: draining (%d in flight)", self.name, self._in_flight)
+        elif not drain and not self._consuming:
+            app.control.add_consumer(protocol.queue_name(self.pool), destination=[self.name])
+            self._consuming, self.state = True, "ready"
+
+    # -- requests ----------------------------------------------------------------------------
+    def run_request(self, rid: str) -> None:
+        # Claim the request by taking its input: if the gateway already gave up, it deleted the
+        # input (and recorded the request itself), so there is nothing to do.
+        raw = self.redis.getdel(protocol.input_key(rid))
+        if raw is None:
+            return
+        request = RequestInput.loads(raw)
+        started = time.time()
+        self.redis.xadd(protocol.events_key(rid), {"t": "start", "w": self.name})
+        with self._lock:
+            self._in_flight += 1
+        usage = Usage(
+            request_id=rid,
+            tenant_id=request.tenant_id,
+            key_id=request.key_id,
+            model=request.model,
+            prompt_tokens=len(request.prompt_token_ids),
+            queue_ms=max(0, int((started - request.enqueued_at) * 1000)),
+            worker=self.name,
+        )
+        try:
+            self._generate(request, usage)
+        except Exception as exc:  # the stream must end with an explicit event, whatever happened
+            log.exception("request %s failed", rid)
+            usage.status = "error"
+            self.redis.xadd(protocol.events_key(rid), {"t": "error", "m": f"engine error: {exc}", "c": "engine_error"})
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+            self._finish(rid, request, usage)
+
+    def _generate(self, request: RequestInput, usage: Usage) -> None:
+        rid = request.request_id
+        events = protocol.events_key(rid)
+        next_cancel_check = 0.0
+        params = dict(request.params, cache_salt=request.cache_salt) if request.cache_salt else request.params
+        stream = self.engine.stream(
+            rid, request.prompt_token_ids, params, flush_interval=self._request_flush_interval()
+        )
+        try:
+            for chunk in stream:
+                if chunk.ttft is not None and usage.ttft_ms is None:
+                    usage.ttft_ms = int(chunk.ttft * 1000)
+                usage.completion_tokens += chunk.token_count
+                self._tokens_total += chunk.token_count
+                if chunk.finished:
+                    usage.finish_reason = chunk.finish_reason
+                if chunk.text or chunk.token_count:
+                    self.redis.xadd(events, {"t": "delta", "x": chunk.text, "n": chunk.token_count})
+                now = time.monotonic()
+                if now >= next_cancel_check and not chunk.finished:
+                    next_cancel_check = now + CANCEL_CHECK_SECONDS
+                    if self.redis.exists(protocol.cancel_key(rid)):
+                        usage.status, usage.finish_reason = "cancelled", "abort"
+                        break  # closing the stream aborts the request in the engine
+        finally:
+            stream.close()
+
+    def _request_flush_interval(self) -> float:
+        """The coalescing interval for a request starting now (see _flush_events_per_second)."""
+        if not self.flush_events_per_second:
+            return self.flush_interval
+        budgeted = min(self._in_flight / self.flush_events_per_second, FLUSH_INTERVAL_CAP_SECONDS)
+        return max(self.flush_interval, budgeted)
+
+    def _finish(self, rid: str, request: RequestInput, usage: Usage) -> None:
+        usage.finished_at = time.time()
+        usage.total_ms = max(0, int((usage.finished_at - request.enqueued_at) * 1000))
+        # The done event and the durable usage entry are written together, or not at all.
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.xadd(protocol.events_key(rid), {"t": "done", "u": usage.dumps()})
+        pipe.expire(protocol.events_key(rid), protocol.REQUEST_TTL)
+        pipe.hset(protocol.LEDGER_PENDING, rid, usage.dumps())
+        pipe.execute()
+
+
+_runtime: WorkerRuntime | None = None
+
+
+def runtime() -> WorkerRuntime:
+    if _runtime is None:
+        raise RuntimeError("this worker hosts no engine: start it with SERVED_MODEL, MODEL_PATH and WORKER_POOL set")
+    return _runtime
+
+
+@celeryd_after_setup.connect
+def _start_engine(sender, instance, **kwargs) -> None:
+    """Start the engine before the worker consumes tasks (only in workers that serve a model)."""
+    global _runtime
+    model = os.environ.get("SERVED_MODEL")
+    if not model:
+        return
+    missing = [name for name in ("MODEL_PATH", "WORKER_POOL") if not os.environ.get(name)]
+    if missing:
+        raise RuntimeError(f"SERVED_MODEL is set, so {', '.join(missing)} must be set too")
+    _runtime = WorkerRuntime(
+        name=sender,
+        model=model,
+        model_path=os.environ["MODEL_PATH"],
+        pool=os.environ["WORKER_POOL"],
+        profile=os.environ.get("ENGINE_PROFILE", "cpu"),
+        slots=getattr(instance, "concurrency", 0) or 0,
+    )
+    try:
+        _runtime.start()
+    except Exception as exc:
+        # Celery logs and swallows exceptions from signal handlers, which would leave a worker up
+        # that can never serve (and a /readyz that never turns ready): exit instead, so the
+        # supervisor (Kubernetes, make up) sees the failure and restarts or reports it.
+        log.critical("worker %s: the engine failed to start: %s", sender, exc)
+        raise SystemExit(3) from exc
+
+
+@worker_ready.connect
+def _prestart_task_threads(sender, **kwargs) -> None:
+    """Start every thread of the threads pool before the first task (see workers/threadpools.py):
+    a burst of requests would otherwise start them one by one, stalling the consumer and the engine."""
+    pool = getattr(sender, "pool", None)
+    executor = getattr(pool, "executor", None)  # only the threads pool has one
+    if isinstance(executor, ThreadPoolExecutor):
+        prestart_threads(executor, pool.limit)
+        log.info("worker %s: started its %d task threads", sender.hostname, pool.limit)
+
+
+@worker_shutting_down.connect
+def _stop_engine(**kwargs) -> None:
+    # Celery's warm shutdown waits for running tasks first; this runs when they are done or abandoned.
+    if _runtime is not None:
+        _runtime.state = "draining"
+        threading.Thread(target=_stop_after_in_flight, daemon=True).start()
+
+
+def _stop_after_in_flight() -> None:
+    assert _runtime is not None
+    deadline = time.monotonic() + 600
+    while _runtime.in_flight and time.monotonic() < deadline:
+        time.sleep(0.5)
+    _runtime.stop()

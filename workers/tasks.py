@@ -1,0 +1,24 @@
+"""Celery tasks. Each takes ids, never objects, and checks state before acting (safe on redelivery)."""
+
+from workers.celery_app import app
+
+
+@app.task(name="workers.generate", ignore_result=True)
+def generate(request_id: str) -> None:
+    """Run one inference request on this worker's engine.
+
+    Requires: req:<rid>:in in Redis (written by the gateway). If the gateway already took the
+    request back (gave up waiting), the input is gone and this does nothing.
+    Results: token events on req:<rid>:ev, then one usage entry in ledger:pending.
+    """
+    from workers.serving import runtime
+
+    runtime().run_request(request_id)
+
+
+@app.task(name="ledger.flush", ignore_result=True)
+def ledger_flush() -> int:
+    """Drain buffered usage from Redis into the PostgreSQL ledger (idempotent)."""
+    from ledger.services import ledger_flush as flush
+
+    return flush()
