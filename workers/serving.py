@@ -180,9 +180,13 @@ class WorkerRuntime:
             usage.status = "error"
             self.redis.xadd(protocol.events_key(rid), {"t": "error", "m": f"engine error: {exc}", "c": "engine_error"})
         finally:
-            with self._lock:
-                self._in_flight -= 1
-            self._finish(rid, request, usage)
+            try:
+                self._finish(rid, request, usage)
+            finally:
+                # Only after the done event is written: a drain that sees nothing in flight must
+                # not let the pod stop before the last stream has its end.
+                with self._lock:
+                    self._in_flight -= 1
 
     def _generate(self, request: RequestInput, usage: Usage) -> None:
         rid = request.request_id

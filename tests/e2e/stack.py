@@ -173,7 +173,7 @@ def _start_gunicorn(stack: Stack, port: int) -> None:
     raise TimeoutError(f"gunicorn did not answer /healthz; see {stack.log_dir}/gunicorn.log")
 
 
-def wait_usage_row(request_id: str, timeout: float = 15.0):
+def wait_usage_row(request_id: str, timeout: float = 30.0):
     """The ledger row of a request, once the stack has written it."""
     from ledger.models import UsageRecord
 
@@ -231,7 +231,9 @@ def live_stack(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_fact
         PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
         AUTH_CACHE_SECONDS="30",
         DATABASE_POOL="1",  # the served processes use the connection pool, as in production
-        WORKER_HEARTBEAT_TIMEOUT="6",
+        # Heartbeats come every 2 s; this 2-core machine sometimes stalls every process for 5 s
+        # or more under load, so a shorter timeout declares live workers lost.
+        WORKER_HEARTBEAT_TIMEOUT="12",
         SSE_KEEPALIVE_SECONDS="1",
         PYTHONUNBUFFERED="1",
     )

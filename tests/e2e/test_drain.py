@@ -49,6 +49,7 @@ def test_the_probe_follows_the_engine_and_a_drain_waits_for_in_flight_streams(li
                         streaming.set()
                         chunk = json.loads(line[6:])
                         finished["usage"] = chunk.get("usage") or finished.get("usage")
+                        finished["error"] = chunk.get("error") or finished.get("error")
             finished["at"] = time.monotonic()
             streaming.set()
 
@@ -60,7 +61,8 @@ def test_the_probe_follows_the_engine_and_a_drain_waits_for_in_flight_streams(li
         client.join(60)
         assert drain.returncode == 0 and "drained" in drain.stdout, drain.stdout + drain.stderr
         # The in-flight request finished normally, and the drain waited for it.
-        assert finished["status"] == 200
+        assert "at" in finished, "the stream had not ended 60 s after the drain"
+        assert finished["status"] == 200 and finished["error"] is None, finished
         assert finished["usage"]["completion_tokens"] == 1900
         assert drained_at >= finished["at"]
         # A draining pod is still healthy, but takes no new work: the pool has no ready worker.

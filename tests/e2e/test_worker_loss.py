@@ -46,8 +46,8 @@ def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_records_us
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert error["code"] == "worker_lost" and error["type"] == "server_error"
-    # Heartbeat timeout is 6 s in the stack, keep-alive 1 s: the end comes well within 20 s.
-    assert ended_after < 20, f"the stream hung for {ended_after:.1f}s after the worker died"
+    # Heartbeat timeout is 12 s in the stack, keep-alive 1 s: the end comes well within 30 s.
+    assert ended_after < 30, f"the stream hung for {ended_after:.1f}s after the worker died"
     request_id = json.loads(events[0])["id"]
     row = wait_usage_row(request_id)
     assert row.status == "worker_lost" and 0 < row.completion_tokens < 1900
