@@ -24,7 +24,8 @@ def _flag(name: str) -> bool:
 
 # All interfaces by default: in a container the port is reached from outside it. make up binds 127.0.0.1.
 bind = os.environ.get("GUNICORN_BIND") or f"{os.environ.get('HOST', '0.0.0.0')}:{_int('PORT', 8000)}"  # noqa: S104
-worker_class = "gthread"
+# gthread that accepts a connection only when a thread is free for it (config/gunicorn_worker.py).
+worker_class = "config.gunicorn_worker.StreamingThreadWorker"
 workers = _int("WEB_CONCURRENCY", 2)
 threads = _int("GUNICORN_THREADS", 64)
 # 0 disables the worker timeout: with gthread the heartbeat runs on the main thread, so a long SSE

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from deploy.local.services import REPO_ROOT, stop_services
+from tests.local.test_gunicorn_worker import WORKER_CLASS
 
 GUNICORN_CONF = REPO_ROOT / "deploy" / "gunicorn.conf.py"
 
@@ -45,7 +46,7 @@ def test_the_gunicorn_config_reads_its_settings_from_the_environment(monkeypatch
     conf = runpy.run_path(str(GUNICORN_CONF))
 
     assert conf["bind"] == "0.0.0.0:9123"
-    assert (conf["worker_class"], conf["workers"], conf["threads"]) == ("gthread", 3, 16)
+    assert (conf["worker_class"], conf["workers"], conf["threads"]) == (WORKER_CLASS, 3, 16)
     assert conf["timeout"] == 0  # a long SSE stream is never cut by the worker timeout
     assert conf["accesslog"] is None
 
