@@ -1,0 +1,23 @@
+"""The GPU bench's platform client decodes only the SSE events it measures (platform_bench.py)."""
+
+from benchmarks.gpu.platform_bench import _worth_decoding
+from gateway.formats import ChunkWriter
+from workers.protocol import Usage
+
+
+def _lines(frames: bytes) -> list[bytes]:
+    return [line for line in frames.split(b"\n") if line.startswith(b"data: {")]
+
+
+def test_after_the_first_text_only_the_usage_and_errors_are_decoded():
+    writer = ChunkWriter("completion", "cmpl-1", 0, "m", include_usage=True)
+    # Text that looks like the markers: JSON escapes its quotes, so it cannot match them.
+    first, later = _lines(writer.delta("Hi") + writer.delta('say "usage":{ and "error"'))
+    usage = Usage(request_id="cmpl-1", tenant_id=1, key_id=1, model="m", prompt_tokens=3, completion_tokens=2)
+    finish, usage_line = _lines(writer.closing(usage))
+
+    assert _worth_decoding(first, seen_text=False)
+    assert not _worth_decoding(later, seen_text=True)
+    assert not _worth_decoding(finish, seen_text=True)
+    assert _worth_decoding(usage_line, seen_text=True)
+    assert _worth_decoding(b'data: {"error":{"message":"worker lost"}}', seen_text=True)
