@@ -51,7 +51,7 @@ def make_tenant(db):
     return make
 
 
-from tests.e2e.stack import live_stack, tiny_stack  # noqa: E402, F401  (session fixture: gunicorn + Celery + vLLM)
+from tests.e2e.stack import live_stack, stack_redis_url, tiny_stack  # noqa: E402, F401  (session fixture: gunicorn + Celery + vLLM)
 
 
 def pytest_collection_modifyitems(config, items):

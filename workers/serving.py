@@ -6,6 +6,7 @@ no engine. The engine starts in `celeryd_after_setup`, before the worker consume
 worker never takes a task it cannot run.
 """
 
+import contextlib
 import logging
 import os
 import socket
@@ -28,6 +29,11 @@ HEARTBEAT_SECONDS = 2.0
 CANCEL_CHECK_SECONDS = 0.25
 # However many requests are in flight, a stream still gets an event at least this often.
 FLUSH_INTERVAL_CAP_SECONDS = 0.25
+# How long a request's writes to Redis are retried through an outage (a restart, a failover)
+# before giving up: its token events, then (much longer) its done event and usage entry.
+REDIS_RETRY_SECONDS = 30.0
+USAGE_RETRY_SECONDS = 600.0
+REDIS_OUTAGE = (redis.ConnectionError, redis.TimeoutError)
 
 
 def _env_number(name: str, default: str, high: float) -> float:
@@ -39,6 +45,26 @@ def _env_number(name: str, default: str, high: float) -> float:
     if not 0 <= value <= high:
         raise RuntimeError(f"{name} must be within 0..{high:g}, got {raw!r}")
     return value
+
+
+def _through_outage(call, *, seconds: float, what: str):
+    """``call()``, retried with backoff while Redis is unreachable, for at most ``seconds``.
+
+    redis-py retries a command on a connection it already has, but not a failure to get one (a
+    server that is restarting resets new connections), so a worker thread writing when Redis
+    restarts would otherwise lose the write, and with it a stream's end or a request's usage.
+    """
+    deadline = time.monotonic() + seconds
+    pause = 0.05
+    while True:
+        try:
+            return call()
+        except REDIS_OUTAGE:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("Redis unreachable while %s; retrying in %.2fs", what, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
 
 def _flush_interval_seconds() -> float:
@@ -161,7 +187,10 @@ class WorkerRuntime:
             return
         request = RequestInput.loads(raw)
         started = time.time()
-        self.redis.xadd(protocol.events_key(rid), {"t": "start", "w": self.name})
+        # Claimed: from here on the request must reach its done event, through an outage too.
+        start = {"t": "start", "w": self.name}
+        _through_outage(lambda: self.redis.xadd(protocol.events_key(rid), start),
+                        seconds=REDIS_RETRY_SECONDS, what=f"starting {rid}")  # fmt: skip
         with self._lock:
             self._in_flight += 1
         usage = Usage(
@@ -178,7 +207,10 @@ class WorkerRuntime:
         except Exception as exc:  # the stream must end with an explicit event, whatever happened
             log.exception("request %s failed", rid)
             usage.status = "error"
-            self.redis.xadd(protocol.events_key(rid), {"t": "error", "m": f"engine error: {exc}", "c": "engine_error"})
+            error = {"t": "error", "m": f"engine error: {exc}", "c": "engine_error"}
+            with contextlib.suppress(*REDIS_OUTAGE):  # the done event below still ends the stream
+                _through_outage(lambda: self.redis.xadd(protocol.events_key(rid), error),
+                                seconds=REDIS_RETRY_SECONDS, what=f"ending {rid}")  # fmt: skip
         finally:
             try:
                 self._finish(rid, request, usage)
@@ -205,11 +237,17 @@ class WorkerRuntime:
                 if chunk.finished:
                     usage.finish_reason = chunk.finish_reason
                 if chunk.text or chunk.token_count:
-                    self.redis.xadd(events, {"t": "delta", "x": chunk.text, "n": chunk.token_count})
+                    # While this waits out an outage the engine keeps generating; the next chunk
+                    # carries everything generated meanwhile.
+                    delta = {"t": "delta", "x": chunk.text, "n": chunk.token_count}
+                    _through_outage(lambda d=delta: self.redis.xadd(events, d), seconds=REDIS_RETRY_SECONDS,
+                                    what=f"relaying {rid}")  # fmt: skip
                 now = time.monotonic()
                 if now >= next_cancel_check and not chunk.finished:
                     next_cancel_check = now + CANCEL_CHECK_SECONDS
-                    if self.redis.exists(protocol.cancel_key(rid)):
+                    cancelled = _through_outage(lambda: self.redis.exists(protocol.cancel_key(rid)),
+                                                seconds=REDIS_RETRY_SECONDS, what=f"checking {rid}")  # fmt: skip
+                    if cancelled:
                         usage.status, usage.finish_reason = "cancelled", "abort"
                         break  # closing the stream aborts the request in the engine
         finally:
@@ -225,12 +263,21 @@ class WorkerRuntime:
     def _finish(self, rid: str, request: RequestInput, usage: Usage) -> None:
         usage.finished_at = time.time()
         usage.total_ms = max(0, int((usage.finished_at - request.enqueued_at) * 1000))
+
         # The done event and the durable usage entry are written together, or not at all.
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xadd(protocol.events_key(rid), {"t": "done", "u": usage.dumps()})
-        pipe.expire(protocol.events_key(rid), protocol.REQUEST_TTL)
-        pipe.hset(protocol.LEDGER_PENDING, rid, usage.dumps())
-        pipe.execute()
+        def write():
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.xadd(protocol.events_key(rid), {"t": "done", "u": usage.dumps()})
+            pipe.expire(protocol.events_key(rid), protocol.REQUEST_TTL)
+            pipe.hset(protocol.LEDGER_PENDING, rid, usage.dumps())
+            pipe.execute()
+
+        try:
+            _through_outage(write, seconds=USAGE_RETRY_SECONDS, what=f"recording the usage of {rid}")
+        except REDIS_OUTAGE:
+            # Nothing left to write it to: the log line carries the entry for an operator to replay.
+            log.error("usage of %s NOT recorded (Redis unreachable): %s", rid, usage.dumps())
+            raise
 
 
 _runtime: WorkerRuntime | None = None

@@ -7,6 +7,9 @@ from django.conf import settings
 
 from config.env import env_int
 
+# Redis unreachable or not answering (a restart, a failover, a saturated server).
+REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+
 
 @functools.cache
 def get_redis() -> redis.Redis:

@@ -13,13 +13,17 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from catalog.models import ServedModel
-from config.redis_client import get_redis
+from config.redis_client import REDIS_UNAVAILABLE, get_redis
 from gateway.errors import ServiceUnavailable
 from ledger.services import ledger_pending_put
 from ledger.writer import ledger_record
 from workers import protocol
 from workers.celery_app import app as celery_app
 from workers.protocol import RequestInput, Usage
+
+# How long a stream waits for Redis to come back before it ends with an error event.
+RELAY_OUTAGE_SECONDS = 30.0
+OUTAGE_RETRY_SECONDS = 0.5
 
 
 @dataclass
@@ -104,15 +108,17 @@ def enqueue(request: RequestInput, model: ServedModel) -> None:
 
 def relay(request: RequestInput, model: ServedModel) -> Iterator[Delta | Done | Failed | Idle]:
     """Yield the request's events until Done or Failed. The caller must call `abandon` if it stops early."""
-    redis = get_redis()
     key = protocol.events_key(request.request_id)
-    last_id, worker, seen_tokens = "0-0", None, 0
+    worker, seen_tokens = None, 0
     last_event = time.monotonic()
     queue_deadline = last_event + settings.QUEUE_TIMEOUT_SECONDS
-    block_ms = int(settings.SSE_KEEPALIVE_SECONDS * 1000)
-    while True:
-        reply = redis.xread({key: last_id}, block=block_ms, count=256)
-        if not reply:
+    for batch in _event_batches(key):
+        if batch is None:
+            # Redis is unreachable, so no heartbeat arrives either: time the stall check from its return.
+            last_event = time.monotonic()
+            yield Idle()
+            continue
+        if not batch:
             failure = _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline)
             if failure is not None:
                 yield failure
@@ -120,7 +126,7 @@ def relay(request: RequestInput, model: ServedModel) -> Iterator[Delta | Done | 
             yield Idle()
             continue
         last_event = time.monotonic()
-        for last_id, fields in reply[0][1]:
+        for entry_id, fields in batch:
             kind = fields["t"]
             if kind == "delta":
                 tokens = int(fields["n"])
@@ -133,8 +139,36 @@ def relay(request: RequestInput, model: ServedModel) -> Iterator[Delta | Done | 
                 return
             elif kind == "error":
                 # The worker also writes a done event with the usage; wait for it (bounded).
-                yield Failed(fields["m"], fields["c"], _final_usage(key, last_id))
+                yield Failed(fields["m"], fields["c"], _final_usage(key, entry_id))
                 return
+
+
+def _event_batches(key: str) -> Iterator[list[tuple[str, dict]] | None]:
+    """The request stream's new entries, read by blocking reads: [] after a quiet keep-alive
+    interval, None every OUTAGE_RETRY_SECONDS while Redis is unreachable.
+
+    A Redis restart is ridden out: reading resumes after the last entry seen, so nothing is lost or
+    repeated; the worker waits out the same outage (workers/serving.py). Past RELAY_OUTAGE_SECONDS
+    the Redis error is raised.
+    """
+    redis = get_redis()
+    block_ms = int(settings.SSE_KEEPALIVE_SECONDS * 1000)
+    last_id, outage_since = "0-0", None
+    while True:
+        try:
+            reply = redis.xread({key: last_id}, block=block_ms, count=256)
+        except REDIS_UNAVAILABLE:
+            outage_since = outage_since or time.monotonic()
+            if time.monotonic() - outage_since > RELAY_OUTAGE_SECONDS:
+                raise
+            time.sleep(OUTAGE_RETRY_SECONDS)
+            yield None
+            continue
+        outage_since = None
+        entries = reply[0][1] if reply else []
+        if entries:
+            last_id = entries[-1][0]
+        yield entries
 
 
 def _final_usage(key: str, after_id: str) -> Usage | None:

@@ -16,10 +16,9 @@ from django.core.exceptions import RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from catalog.selectors import served_model_get, served_models_for
+from config.redis_client import REDIS_UNAVAILABLE
 from gateway import dispatch, tokenization
 from gateway.auth import authenticate
 from gateway.dispatch import Delta, Done, Failed, Idle
@@ -38,9 +37,6 @@ from quotas.gate import admission_gate
 from workers.protocol import RequestInput
 
 log = logging.getLogger(__name__)
-
-# Redis unreachable or not answering (a restart, a saturated server).
-REDIS_UNAVAILABLE = (RedisConnectionError, RedisTimeoutError)
 
 
 def openai_endpoint(*methods: str):

@@ -173,6 +173,25 @@ def _start_gunicorn(stack: Stack, port: int) -> None:
     raise TimeoutError(f"gunicorn did not answer /healthz; see {stack.log_dir}/gunicorn.log")
 
 
+def engine_processes(stack: Stack, worker: str = "worker-e2e") -> list:
+    """The worker's vLLM engine processes (EngineCore and its compute worker): to pause and resume."""
+    import psutil
+
+    process = psutil.Process(stack.procs[worker].pid)
+    return [child for child in process.children(recursive=True) if child.name().startswith("VLLM::")]
+
+
+def requests_in_flight(stack: Stack, pool: str = POOL) -> int:
+    """What the pool's workers reported in their last heartbeat (every 2 s): tasks they are running."""
+    import redis
+
+    from workers import protocol
+
+    client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    names = client.zrange(protocol.pool_workers_key(pool), 0, -1)
+    return sum(int(client.hget(protocol.worker_key(name), "in_flight") or 0) for name in names)
+
+
 def wait_usage_row(request_id: str, timeout: float = 30.0):
     """The ledger row of a request, once the stack has written it."""
     from ledger.models import UsageRecord
@@ -216,14 +235,20 @@ def _flush_retrying_deadlocks(handle):
 
 
 @pytest.fixture(scope="module")
-def live_stack(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_factory):
+def stack_redis_url():
+    """The Redis of a module's stack: a database of the suite's Redis (a module may override this)."""
+    return urlunparse(urlparse(os.environ["REDIS_URL"])._replace(path=f"/{STACK_REDIS_DB}"))
+
+
+@pytest.fixture(scope="module")
+def live_stack(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_factory, stack_redis_url):
     from django.conf import settings
     from django.core.management.commands import flush
 
     if not getattr(flush.Command.handle, "retries_deadlocks", False):
         flush.Command.handle = _flush_retrying_deadlocks(flush.Command.handle)
     port = free_port()
-    redis_url = urlunparse(urlparse(os.environ["REDIS_URL"])._replace(path=f"/{STACK_REDIS_DB}"))
+    redis_url = stack_redis_url
     env = dict(
         os.environ,
         DATABASE_URL=database_url(settings.DATABASES["default"]),

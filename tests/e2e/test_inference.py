@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.stack import POOL, wait_usage_row
+from tests.e2e.stack import engine_processes, requests_in_flight, wait_usage_row
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -266,25 +266,6 @@ def test_a_client_disconnect_aborts_the_request_and_bills_what_was_generated(sta
     assert 0 < row.completion_tokens < 1500
 
 
-def _engine_processes(stack) -> list:
-    """The worker's vLLM engine processes (EngineCore and its compute worker)."""
-    import psutil
-
-    worker = psutil.Process(stack.procs["worker-e2e"].pid)
-    return [child for child in worker.children(recursive=True) if child.name().startswith("VLLM::")]
-
-
-def _requests_in_flight_on_worker(stack) -> int:
-    """What the pool's worker reported in its last heartbeat (every 2 s): tasks it is running."""
-    import redis
-
-    from workers import protocol
-
-    client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
-    names = client.zrange(protocol.pool_workers_key(POOL), 0, -1)
-    return sum(int(client.hget(protocol.worker_key(name), "in_flight") or 0) for name in names)
-
-
 def _first_and_last_token_at(row) -> tuple[float, float]:
     """When the worker got a request's first token and its last (unix time), from its ledger row:
     the worker starts it at admission + queue_ms, gets its first token ttft_ms later, and finishes it
@@ -322,7 +303,7 @@ def test_32_concurrent_requests_are_generated_together_by_one_engine(stack, alic
             chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
         return chunks[0]["id"]
 
-    engine = _engine_processes(stack)
+    engine = engine_processes(stack)
     assert engine, "no vLLM engine process under the worker"
     most_in_flight = 0
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
@@ -333,7 +314,7 @@ def test_32_concurrent_requests_are_generated_together_by_one_engine(stack, alic
             deadline = time.monotonic() + 60
             while most_in_flight < streams and time.monotonic() < deadline:
                 time.sleep(0.5)
-                most_in_flight = max(most_in_flight, _requests_in_flight_on_worker(stack))
+                most_in_flight = max(most_in_flight, requests_in_flight(stack))
         finally:
             for process in engine:
                 process.resume()

@@ -145,3 +145,47 @@ def test_a_redis_failure_mid_stream_ends_it_with_an_error_event(monkeypatch):
     assert events[2] == "[DONE]"
     assert abandoned == [job]  # the worker is asked to stop; either way it records what it generated
     assert recorded == []  # no fast path into the ledger without Redis: the periodic flush writes it
+
+
+class _RestartingRedis:
+    """XREAD answers like a Redis that is down for the first `down` reads, then has `entries`."""
+
+    def __init__(self, down: int, entries: list):
+        self.down, self.entries, self.reads = down, entries, []
+
+    def xread(self, streams, block, count):
+        self.reads.append(dict(streams))
+        if len(self.reads) <= self.down:
+            raise RedisConnectionError("Error while reading from 127.0.0.1:6379 : (104, 'Connection reset by peer')")
+        after = next(iter(streams.values()))
+        fresh = [(entry_id, fields) for entry_id, fields in self.entries if entry_id > after]
+        return [("req:x:ev", fresh)] if fresh else []
+
+
+def test_a_stream_rides_out_a_redis_restart_and_resumes_where_it_was(monkeypatch):
+    from gateway import dispatch
+
+    redis = _RestartingRedis(down=0, entries=[("1-0", {"t": "delta", "x": "a", "n": "1"})])
+    monkeypatch.setattr(dispatch, "get_redis", lambda: redis)
+    monkeypatch.setattr(dispatch, "OUTAGE_RETRY_SECONDS", 0)
+    batches = dispatch._event_batches("req:x:ev")
+
+    assert next(batches) == [("1-0", {"t": "delta", "x": "a", "n": "1"})]
+    redis.down = len(redis.reads) + 2  # the next two reads fail: Redis restarts
+    redis.entries.append(("2-0", {"t": "delta", "x": "b", "n": "1"}))
+    assert [next(batches), next(batches)] == [None, None]
+    assert next(batches) == [("2-0", {"t": "delta", "x": "b", "n": "1"})]  # nothing lost, nothing repeated
+    assert [read["req:x:ev"] for read in redis.reads] == ["0-0", "1-0", "1-0", "1-0"]
+
+
+def test_a_stream_gives_up_on_a_redis_that_stays_down(monkeypatch):
+    from gateway import dispatch
+
+    monkeypatch.setattr(dispatch, "get_redis", lambda: _RestartingRedis(down=10**6, entries=[]))
+    monkeypatch.setattr(dispatch, "OUTAGE_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(dispatch, "RELAY_OUTAGE_SECONDS", 0.1)
+    batches = dispatch._event_batches("req:x:ev")
+
+    with pytest.raises(RedisConnectionError):
+        for batch in batches:
+            assert batch is None
