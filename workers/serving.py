@@ -67,6 +67,59 @@ def _through_outage(call, *, seconds: float, what: str):
             pause = min(pause * 2, 2.0)
 
 
+class RequestEvents:
+    """The worker's side of one request's event stream (the gateway relays it to the client).
+
+    Entries are numbered 1-0, 2-0, ... by the worker, so a write retried after Redis executed it but
+    the reply was lost (a restart between the two) is refused as a duplicate instead of appended
+    twice: the client never sees a piece of text twice.
+    """
+
+    def __init__(self, client: redis.Redis, rid: str):
+        self.client, self.rid, self.key, self.count = client, rid, protocol.events_key(rid), 0
+
+    def _next_id(self) -> str:
+        self.count += 1
+        return f"{self.count}-0"
+
+    def append(self, fields: dict) -> None:
+        entry_id = self._next_id()
+
+        def write():
+            try:
+                self.client.xadd(self.key, fields, id=entry_id)
+            except redis.ResponseError as exc:
+                _raise_unless_written(exc)
+
+        _through_outage(write, seconds=REDIS_RETRY_SECONDS, what=f"writing an event of {self.rid}")
+
+    def finish(self, usage: Usage) -> None:
+        """The done event and the durable usage entry, written together (MULTI/EXEC) or not at all."""
+        entry_id = self._next_id()
+
+        def write():
+            pipe = self.client.pipeline(transaction=True)
+            pipe.xadd(self.key, {"t": "done", "u": usage.dumps()}, id=entry_id)
+            pipe.expire(self.key, protocol.REQUEST_TTL)
+            pipe.hset(protocol.LEDGER_PENDING, self.rid, usage.dumps())  # a second HSET is harmless
+            for result in pipe.execute(raise_on_error=False):
+                if isinstance(result, redis.ResponseError):
+                    _raise_unless_written(result)
+
+        try:
+            _through_outage(write, seconds=USAGE_RETRY_SECONDS, what=f"recording the usage of {self.rid}")
+        except REDIS_OUTAGE:
+            # Nothing left to write it to: the log line carries the entry for an operator to replay.
+            log.error("usage of %s NOT recorded (Redis unreachable): %s", self.rid, usage.dumps())
+            raise
+
+
+def _raise_unless_written(error: redis.ResponseError) -> None:
+    # XADD with an id at or below the stream's last one: this entry was written by an earlier try.
+    if "equal or smaller than the target stream top item" not in str(error):
+        raise error
+
+
 def _flush_interval_seconds() -> float:
     """WORKER_FLUSH_INTERVAL_MS (default 20): the shortest interval between two delta events of one
     request (the first and the last go out at once)."""
@@ -188,9 +241,8 @@ class WorkerRuntime:
         request = RequestInput.loads(raw)
         started = time.time()
         # Claimed: from here on the request must reach its done event, through an outage too.
-        start = {"t": "start", "w": self.name}
-        _through_outage(lambda: self.redis.xadd(protocol.events_key(rid), start),
-                        seconds=REDIS_RETRY_SECONDS, what=f"starting {rid}")  # fmt: skip
+        events = RequestEvents(self.redis, rid)
+        events.append({"t": "start", "w": self.name})
         with self._lock:
             self._in_flight += 1
         usage = Usage(
@@ -203,26 +255,25 @@ class WorkerRuntime:
             worker=self.name,
         )
         try:
-            self._generate(request, usage)
+            self._generate(request, usage, events)
         except Exception as exc:  # the stream must end with an explicit event, whatever happened
             log.exception("request %s failed", rid)
             usage.status = "error"
-            error = {"t": "error", "m": f"engine error: {exc}", "c": "engine_error"}
             with contextlib.suppress(*REDIS_OUTAGE):  # the done event below still ends the stream
-                _through_outage(lambda: self.redis.xadd(protocol.events_key(rid), error),
-                                seconds=REDIS_RETRY_SECONDS, what=f"ending {rid}")  # fmt: skip
+                events.append({"t": "error", "m": f"engine error: {exc}", "c": "engine_error"})
         finally:
             try:
-                self._finish(rid, request, usage)
+                usage.finished_at = time.time()
+                usage.total_ms = max(0, int((usage.finished_at - request.enqueued_at) * 1000))
+                events.finish(usage)
             finally:
                 # Only after the done event is written: a drain that sees nothing in flight must
                 # not let the pod stop before the last stream has its end.
                 with self._lock:
                     self._in_flight -= 1
 
-    def _generate(self, request: RequestInput, usage: Usage) -> None:
+    def _generate(self, request: RequestInput, usage: Usage, events: RequestEvents) -> None:
         rid = request.request_id
-        events = protocol.events_key(rid)
         next_cancel_check = 0.0
         params = dict(request.params, cache_salt=request.cache_salt) if request.cache_salt else request.params
         stream = self.engine.stream(
@@ -239,9 +290,7 @@ class WorkerRuntime:
                 if chunk.text or chunk.token_count:
                     # While this waits out an outage the engine keeps generating; the next chunk
                     # carries everything generated meanwhile.
-                    delta = {"t": "delta", "x": chunk.text, "n": chunk.token_count}
-                    _through_outage(lambda d=delta: self.redis.xadd(events, d), seconds=REDIS_RETRY_SECONDS,
-                                    what=f"relaying {rid}")  # fmt: skip
+                    events.append({"t": "delta", "x": chunk.text, "n": chunk.token_count})
                 now = time.monotonic()
                 if now >= next_cancel_check and not chunk.finished:
                     next_cancel_check = now + CANCEL_CHECK_SECONDS
@@ -259,25 +308,6 @@ class WorkerRuntime:
             return self.flush_interval
         budgeted = min(self._in_flight / self.flush_events_per_second, FLUSH_INTERVAL_CAP_SECONDS)
         return max(self.flush_interval, budgeted)
-
-    def _finish(self, rid: str, request: RequestInput, usage: Usage) -> None:
-        usage.finished_at = time.time()
-        usage.total_ms = max(0, int((usage.finished_at - request.enqueued_at) * 1000))
-
-        # The done event and the durable usage entry are written together, or not at all.
-        def write():
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.xadd(protocol.events_key(rid), {"t": "done", "u": usage.dumps()})
-            pipe.expire(protocol.events_key(rid), protocol.REQUEST_TTL)
-            pipe.hset(protocol.LEDGER_PENDING, rid, usage.dumps())
-            pipe.execute()
-
-        try:
-            _through_outage(write, seconds=USAGE_RETRY_SECONDS, what=f"recording the usage of {rid}")
-        except REDIS_OUTAGE:
-            # Nothing left to write it to: the log line carries the entry for an operator to replay.
-            log.error("usage of %s NOT recorded (Redis unreachable): %s", rid, usage.dumps())
-            raise
 
 
 _runtime: WorkerRuntime | None = None

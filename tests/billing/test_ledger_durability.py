@@ -1,6 +1,6 @@
 """The ledger loses nothing when PostgreSQL goes away during traffic.
 
-Workers keep finishing requests (usage into the Redis buffer, as serving._finish does) while the
+Workers keep finishing requests (usage into the Redis buffer, as serving.RequestEvents.finish does) while the
 ledger flush runs every few milliseconds; midway PostgreSQL becomes unreachable (the flush's
 connection is pointed at a closed port and dropped), later it comes back. Every request must then be
 in the ledger exactly once, and quotas must have settled during the outage.

@@ -192,6 +192,52 @@ def requests_in_flight(stack: Stack, pool: str = POOL) -> int:
     return sum(int(client.hget(protocol.worker_key(name), "in_flight") or 0) for name in names)
 
 
+@contextlib.contextmanager
+def engine_paused(stack: Stack, worker: str = "worker-e2e"):
+    """The worker's engine stopped (SIGSTOP) inside the block: requests are taken but make no progress."""
+    processes = engine_processes(stack, worker)
+    assert processes, f"no vLLM engine process under {worker}"
+    for process in processes:
+        process.suspend()
+    try:
+        yield
+    finally:
+        for process in processes:
+            process.resume()
+
+
+def disconnect_mid_stream(stack: Stack, key: str, body: dict) -> httpx.Headers:
+    """Stream a chat completion and go away right after its opening chunk, while the worker runs it;
+    return the reply's headers once the gateway has told the worker to stop.
+
+    The engine is paused meanwhile: left running, it can finish a short request before a client on a
+    loaded machine has read the first line, and the client then leaves a request that already ended.
+    """
+    import redis
+
+    from workers import protocol
+
+    client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    with engine_paused(stack):
+        with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=dict(body, stream=True),
+                          headers={"Authorization": f"Bearer {key}"}, timeout=60) as response:  # fmt: skip
+            assert response.status_code == 200, response.read()
+            headers, request_id = response.headers, response.headers["x-request-id"]
+            next(line for line in response.iter_lines() if line.startswith("data: {"))  # the role chunk
+            _wait(lambda: any(f["t"] == "start" for _, f in client.xrange(protocol.events_key(request_id))),
+                  "the worker never took the request")  # fmt: skip
+        # The gateway notices the client is gone at its next keep-alive write.
+        _wait(lambda: client.exists(protocol.cancel_key(request_id)), "the gateway never cancelled the request")
+    return headers
+
+
+def _wait(condition, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
 def wait_usage_row(request_id: str, timeout: float = 30.0):
     """The ledger row of a request, once the stack has written it."""
     from ledger.models import UsageRecord

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.stack import engine_processes, requests_in_flight, wait_usage_row
+from tests.e2e.stack import disconnect_mid_stream, engine_processes, requests_in_flight, wait_usage_row
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -251,16 +251,9 @@ def test_health_and_readiness(stack):
 
 def test_a_client_disconnect_aborts_the_request_and_bills_what_was_generated(stack, alice):
     _, key = alice
-    with httpx.stream(
-        "POST",
-        f"{stack.base_url}/v1/completions",
-        headers={"Authorization": f"Bearer {key}"},
-        json={"model": MODEL, "prompt": "Go on", "max_tokens": 1500, "ignore_eos": True, "stream": True},
-        timeout=120,
-    ) as response:
-        lines = response.iter_lines()
-        first = next(line for line in lines if line.startswith("data: "))
-        request_id = json.loads(first[6:])["id"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Go on"}], "max_tokens": 1500,
+            "ignore_eos": True}  # fmt: skip
+    request_id = disconnect_mid_stream(stack, key, body)["x-request-id"]
     row = wait_usage_row(request_id, timeout=30)
     assert row.status == "cancelled" and row.finish_reason == "abort"
     assert 0 < row.completion_tokens < 1500

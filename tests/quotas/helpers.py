@@ -50,7 +50,7 @@ def admit_concurrently(n: int, call) -> list:
 
 
 def worker_reports(redis_client, rid, tenant, key_id, *, prompt, completion, model="tiny-gemma4", status="ok"):
-    """What a worker does when a request ends: the usage entry into ledger:pending (serving._finish)."""
+    """What a worker does when a request ends: the usage entry into ledger:pending (serving.RequestEvents.finish)."""
     usage = Usage(
         request_id=rid, tenant_id=tenant.id, key_id=key_id, model=model, prompt_tokens=prompt,
         completion_tokens=completion, queue_ms=5, ttft_ms=20, total_ms=200, finish_reason="length", status=status,
