@@ -18,6 +18,7 @@ import redis
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
 from django.conf import settings
 
+from config.redis_client import REDIS_UNAVAILABLE
 from workers import protocol
 from workers.celery_app import app
 from workers.protocol import RequestInput, Usage
@@ -33,7 +34,6 @@ FLUSH_INTERVAL_CAP_SECONDS = 0.25
 # before giving up: its token events, then (much longer) its done event and usage entry.
 REDIS_RETRY_SECONDS = 30.0
 USAGE_RETRY_SECONDS = 600.0
-REDIS_OUTAGE = (redis.ConnectionError, redis.TimeoutError)
 
 
 def _env_number(name: str, default: str, high: float) -> float:
@@ -59,7 +59,7 @@ def _through_outage(call, *, seconds: float, what: str):
     while True:
         try:
             return call()
-        except REDIS_OUTAGE:
+        except REDIS_UNAVAILABLE:
             if time.monotonic() + pause > deadline:
                 raise
             log.warning("Redis unreachable while %s; retrying in %.2fs", what, pause)
@@ -108,7 +108,7 @@ class RequestEvents:
 
         try:
             _through_outage(write, seconds=USAGE_RETRY_SECONDS, what=f"recording the usage of {self.rid}")
-        except REDIS_OUTAGE:
+        except REDIS_UNAVAILABLE:
             # Nothing left to write it to: the log line carries the entry for an operator to replay.
             log.error("usage of %s NOT recorded (Redis unreachable): %s", self.rid, usage.dumps())
             raise
@@ -259,7 +259,7 @@ class WorkerRuntime:
         except Exception as exc:  # the stream must end with an explicit event, whatever happened
             log.exception("request %s failed", rid)
             usage.status = "error"
-            with contextlib.suppress(*REDIS_OUTAGE):  # the done event below still ends the stream
+            with contextlib.suppress(*REDIS_UNAVAILABLE):  # the done event below still ends the stream
                 events.append({"t": "error", "m": f"engine error: {exc}", "c": "engine_error"})
         finally:
             try:

@@ -224,14 +224,15 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict) -> httpx.Headers:
             assert response.status_code == 200, response.read()
             headers, request_id = response.headers, response.headers["x-request-id"]
             next(line for line in response.iter_lines() if line.startswith("data: {"))  # the role chunk
-            _wait(lambda: any(f["t"] == "start" for _, f in client.xrange(protocol.events_key(request_id))),
+            wait_until(lambda: any(f["t"] == "start" for _, f in client.xrange(protocol.events_key(request_id))),
                   "the worker never took the request")  # fmt: skip
         # The gateway notices the client is gone at its next keep-alive write.
-        _wait(lambda: client.exists(protocol.cancel_key(request_id)), "the gateway never cancelled the request")
+        wait_until(lambda: client.exists(protocol.cancel_key(request_id)), "the gateway never cancelled the request")
     return headers
 
 
-def _wait(condition, what: str, timeout: float = 30) -> None:
+def wait_until(condition, what: str, timeout: float = 30) -> None:
+    """Poll `condition` until true; fail with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, what

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.stack import disconnect_mid_stream, engine_processes, requests_in_flight, wait_usage_row
+from tests.e2e.stack import disconnect_mid_stream, engine_paused, requests_in_flight, wait_usage_row
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -296,21 +296,14 @@ def test_32_concurrent_requests_are_generated_together_by_one_engine(stack, alic
             chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
         return chunks[0]["id"]
 
-    engine = engine_processes(stack)
-    assert engine, "no vLLM engine process under the worker"
     most_in_flight = 0
     with concurrent.futures.ThreadPoolExecutor(streams) as pool:
-        for process in engine:
-            process.suspend()
-        try:
+        with engine_paused(stack):
             futures = [pool.submit(one_stream) for _ in range(streams)]
             deadline = time.monotonic() + 60
             while most_in_flight < streams and time.monotonic() < deadline:
                 time.sleep(0.5)
                 most_in_flight = max(most_in_flight, requests_in_flight(stack))
-        finally:
-            for process in engine:
-                process.resume()
         request_ids = [future.result() for future in futures]
     client.close()
     assert most_in_flight == streams, f"the worker ran at most {most_in_flight} of {streams} requests at once"

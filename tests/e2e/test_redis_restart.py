@@ -6,12 +6,11 @@ stop and start it while requests stream; it snapshots on SIGTERM and comes back 
 
 import json
 import threading
-import time
 
 import httpx
 import pytest
 
-from tests.e2e.stack import engine_processes, requests_in_flight, wait_usage_row
+from tests.e2e.stack import engine_paused, requests_in_flight, wait_until, wait_usage_row
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -65,18 +64,10 @@ def test_a_redis_restart_mid_stream_loses_no_usage_and_counts_none_twice(tiny_st
     clients = [threading.Thread(target=_stream, args=(stack, key, s, e)) for s, e in zip(seen, events, strict=True)]
     # The engine is paused until the worker runs every request, so that all of them are mid-stream
     # when Redis restarts however unevenly this machine admits them.
-    engine = engine_processes(stack)
-    for process in engine:
-        process.suspend()
-    try:
+    with engine_paused(stack):
         for client in clients:
             client.start()
-        deadline = time.monotonic() + 60
-        while requests_in_flight(stack) < STREAMS and time.monotonic() < deadline:
-            time.sleep(0.5)
-    finally:
-        for process in engine:
-            process.resume()
+        wait_until(lambda: requests_in_flight(stack) == STREAMS, "the worker never ran every request", 60)
     for event in events:
         assert event.wait(60), "a request never started streaming"
 

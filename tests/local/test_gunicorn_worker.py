@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.stack import free_port
+from tests.e2e.stack import free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_CLASS = "config.gunicorn_worker.StreamingThreadWorker"
@@ -26,13 +26,6 @@ THREADS = 2
 
 def _started(folder: Path) -> list[int]:
     return [int(path.read_text()) for path in folder.glob("started-*")]
-
-
-def _wait(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -71,21 +64,21 @@ def _hold_requests(base_url: str, count: int, replies: list) -> list[threading.T
 def test_a_process_with_every_thread_busy_leaves_new_connections_to_one_with_free_threads(gunicorn):
     process, base_url, folder = gunicorn
     master = psutil.Process(process.pid)
-    _wait(lambda: len(master.children()) == 1, "gunicorn's first process never started")
+    wait_until(lambda: len(master.children()) == 1, "gunicorn's first process never started")
     first = master.children()[0].pid
     replies = []
     # Fill every thread of the first process with a held request.
     clients = _hold_requests(base_url, THREADS, replies)
-    _wait(lambda: len(_started(folder)) == THREADS, "the first process did not take its requests")
+    wait_until(lambda: len(_started(folder)) == THREADS, "the first process did not take its requests")
 
     # More requests, then a second process (SIGTTIN): the requests must wait for it in the
     # listening socket's backlog and all start there, none queued in the busy first process.
     clients += _hold_requests(base_url, THREADS, replies)
     time.sleep(1)  # not a timed check: it gives the busy process every chance to take them
     process.send_signal(signal.SIGTTIN)
-    _wait(lambda: len(master.children()) == 2, "gunicorn did not start a second process")
+    wait_until(lambda: len(master.children()) == 2, "gunicorn did not start a second process")
     second = next(child.pid for child in master.children() if child.pid != first)
-    _wait(
+    wait_until(
         lambda: len(_started(folder)) == 2 * THREADS,
         f"a request waits for a thread of the busy process: started by pid {_started(folder)}",
     )
