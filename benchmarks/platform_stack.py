@@ -6,7 +6,7 @@ each run) on the Redis server named by REDIS_URL; when those are unset the embed
 deploy/local/services.py (in .run/) are used, as ``make up`` and ``make test`` do. The tenant, its API
 key and the served model are set up with the project's management commands, as an operator would.
 
-Tuning knobs come from the environment the benchmark runs in (WEB_CONCURRENCY, GUNICORN_THREADS,
+Tuning knobs come from the environment the benchmark runs in (WEB_CONCURRENCY, GATEWAY_THREADS,
 BENCH_WORKER_CONCURRENCY, ...) or from ``extra_env``, so a tuning experiment needs no code change.
 """
 
@@ -112,8 +112,7 @@ class PlatformStack:
     def _children(self) -> list[Child]:
         python, celery = sys.executable, [sys.executable, "-m", "celery", "-A", "workers.celery_app"]
         return [
-            Child("platform-web", [python, "-m", "gunicorn", "config.wsgi:application",
-                                   "-c", "deploy/gunicorn.conf.py"], self.env),
+            Child("platform-web", [python, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"], self.env),
             Child("platform-worker", [*celery, "worker", "--pool", "threads", "--concurrency",
                                       str(self.worker_concurrency), "-Q", f"pool.{POOL},control", "-n",
                                       "bench@%h", "--loglevel", "WARNING"], self.env, hosts_engine=True),

@@ -19,7 +19,7 @@ BENCH_FRONTEND_CPUS pins the serving processes and the load generator (default: 
 machine, the core vLLM's CPU backend leaves to them; see benchmarks/procs.py).
 ENGINE_ENFORCE_EAGER defaults to false here (compiled engine, ~3x faster decode: the harder case
 for a serving layer, whose per-token work then weighs more), as the cpu profile suggests for
-benchmarks. Platform tuning knobs (WEB_CONCURRENCY, GUNICORN_THREADS, BENCH_WORKER_CONCURRENCY...)
+benchmarks. Platform tuning knobs (WEB_CONCURRENCY, GATEWAY_THREADS, BENCH_WORKER_CONCURRENCY...)
 pass through the environment or ``--platform-env NAME=VALUE``.
 """
 

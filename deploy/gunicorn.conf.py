@@ -1,8 +1,10 @@
-"""gunicorn settings for the control plane: ``gunicorn config.wsgi:application -c deploy/gunicorn.conf.py``.
+"""gunicorn settings for the control plane: ``gunicorn -c deploy/gunicorn.conf.py``.
 
 Every value comes from the environment so the same file serves ``make up``, docker-compose and the Helm
-chart. Streaming (SSE) requests hold a worker thread for their whole length, so the thread pool, not
-the CPU, bounds how many streams one process relays: keep many threads and no request timeout.
+chart. gunicorn manages the processes; each one serves the ASGI application (config/asgi.py) on an
+event loop (uvicorn), where an open SSE stream is a coroutine waiting on Redis, not a thread: how
+many streams a process relays is bounded by its Redis connections (REDIS_MAX_CONNECTIONS), not by
+threads. No request timeout, so long generations are never cut.
 """
 
 import os
@@ -24,12 +26,14 @@ def _flag(name: str) -> bool:
 
 # All interfaces by default: in a container the port is reached from outside it. make up binds 127.0.0.1.
 bind = os.environ.get("GUNICORN_BIND") or f"{os.environ.get('HOST', '0.0.0.0')}:{_int('PORT', 8000)}"  # noqa: S104
-# gthread that accepts a connection only when a thread is free for it (config/gunicorn_worker.py).
-worker_class = "config.gunicorn_worker.StreamingThreadWorker"
+# The application, so that command lines need only ``-c deploy/gunicorn.conf.py``.
+wsgi_app = "config.asgi:application"
+# uvicorn's worker (uvloop event loop, httptools parser) under gunicorn's process management.
+worker_class = "uvicorn_worker.UvicornWorker"
 workers = _int("WEB_CONCURRENCY", 2)
-threads = _int("GUNICORN_THREADS", 64)
-# 0 disables the worker timeout: with gthread the heartbeat runs on the main thread, so a long SSE
-# stream does not starve it, and a fixed request timeout would cut long generations.
+# The worker heartbeat runs on the event loop, so open streams do not delay it. 0 (off) by default:
+# a worker loads the served models' tokenizers before its loop starts, which can take longer than
+# any timeout that would still catch a wedged loop promptly.
 timeout = _int("GUNICORN_TIMEOUT", 0)
 # On SIGTERM, let streams in flight finish for this long before the workers are killed.
 graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT", 30)
@@ -61,18 +65,6 @@ def post_worker_init(worker):
         except ImportError as exc:
             worker.log.warning("GUNICORN_WARM_IMPORTS: cannot import %s: %s", name, exc)
     _preload_tokenizers(worker)
-    _prestart_request_threads(worker)
-
-
-def _prestart_request_threads(worker) -> None:
-    # gthread starts a request thread on a request that finds none idle, and its accept loop waits
-    # until that thread runs (workers/threadpools.py): start them all now, off the request path.
-    from concurrent.futures import ThreadPoolExecutor
-
-    from workers.threadpools import prestart_threads
-
-    if isinstance(getattr(worker, "tpool", None), ThreadPoolExecutor):
-        prestart_threads(worker.tpool, worker.cfg.threads)
 
 
 def _preload_tokenizers(worker) -> None:

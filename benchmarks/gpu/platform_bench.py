@@ -35,7 +35,7 @@ MODEL_ID = "gemma-4-e4b"
 POOL = "gpu"
 TENANT = "bench"
 PROFILE = "h200"  # the default; --profile cpu runs the same path on a CPU machine (tests)
-# Streams hold a gunicorn thread each: 4 processes x 64 threads leave room above 128 streams.
+# Open streams hold no web thread (ASGI); the web processes spread the relay's CPU work.
 WEB_CONCURRENCY = 4
 WORKER_THREADS = 192
 
@@ -99,7 +99,7 @@ class Stack:
             "worker": [*celery, "worker", "--pool", "threads", "--concurrency", str(WORKER_THREADS),
                        "-Q", f"pool.{POOL},control", "-n", "gpu@%h", "--loglevel", "INFO"],
             "beat": [*celery, "beat", "--loglevel", "INFO", "--schedule", str(self.state_dir / "beat-schedule")],
-            "web": [sys.executable, "-m", "gunicorn", "config.wsgi:application", "-c", "deploy/gunicorn.conf.py"],
+            "web": [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"],
         }  # fmt: skip
         for name, argv in commands.items():
             log = open(self.log_dir / f"platform-{name}.log", "ab")  # noqa: SIM115 - the child owns it

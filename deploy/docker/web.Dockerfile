@@ -39,8 +39,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONPATH=/app/platform:/app \
     DJANGO_SETTINGS_MODULE=config.settings \
-    WEB_CONCURRENCY=4 \
-    GUNICORN_THREADS=8
+    WEB_CONCURRENCY=4
 
 WORKDIR /app
 # Application code is owned by root and read-only for the app user.
@@ -65,4 +64,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=40s --retries=3 \
   CMD ["python", "-c", "import sys, urllib.request; r = urllib.request.Request('http://127.0.0.1:8000/healthz', headers={'Host': 'localhost'}); sys.exit(0 if urllib.request.urlopen(r, timeout=4).status == 200 else 1)"]
 
-CMD ["gunicorn", "config.wsgi:application", "-c", "deploy/gunicorn.conf.py", "--bind", "0.0.0.0:8000"]
+CMD ["gunicorn", "-c", "deploy/gunicorn.conf.py", "--bind", "0.0.0.0:8000"]

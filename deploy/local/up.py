@@ -12,7 +12,7 @@ Steps, each reusing what an earlier run left in ``.run/``:
    SIGINT or SIGTERM, and stop the children and the embedded servers it started.
 
 Every variable of the children can be overridden from the environment (``PORT``, ``SECRET_KEY``,
-``DJANGO_DEBUG``, ``GUNICORN_THREADS``, ``ENGINE_*``...).
+``DJANGO_DEBUG``, ``WEB_CONCURRENCY``, ``ENGINE_*``...).
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def _children(env: dict[str, str]) -> list[Child]:
     return [
         Child(
             "web",
-            [python, "-m", "gunicorn", "config.wsgi:application", "-c", "deploy/gunicorn.conf.py"],
+            [python, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"],
             LOG_DIR / "web.log",
         ),
         Child(

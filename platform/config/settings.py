@@ -27,9 +27,10 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"] if
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 DATABASES = {"default": database_from_url(env_str("DATABASE_URL"))}
-# A connection pool per process (psycopg_pool): gunicorn runs many threads per process, and a
-# persistent connection per thread would exhaust PostgreSQL's max_connections under load. The
-# gateway returns its connection to the pool before it relays tokens (gateway/views.py).
+# A connection pool per process (psycopg_pool): a web process runs blocking steps on many threads
+# (gateway/offload.py), and a persistent connection per thread would exhaust PostgreSQL's
+# max_connections under load. The gateway returns its connection to the pool before it relays
+# tokens (gateway/views.py).
 if env_bool("DATABASE_POOL", True):
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 1,
@@ -64,7 +65,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # whitenoise, async-capable: every entry here is, so /v1/* stays on the event loop under ASGI.
+    "config.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -78,6 +80,8 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
+# What gunicorn serves (uvicorn workers, deploy/gunicorn.conf.py); the WSGI entry is for tools.
+ASGI_APPLICATION = "config.asgi.application"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 TEMPLATES = [
@@ -136,6 +140,9 @@ QUEUE_TIMEOUT_SECONDS = env_float("QUEUE_TIMEOUT_SECONDS", 300.0)
 # The gateway writes finished requests' ledger rows in batches this often (ledger/writer.py);
 # quotas settle at once either way. 0: one INSERT per request, in the request's thread.
 LEDGER_BATCH_SECONDS = max(0.0, env_float("LEDGER_BATCH_SECONDS", 0.1))
+# Threads per web process for the inference path's blocking steps (authentication to enqueue, which
+# includes waiting for a pool's fair share or for a pool scaling from zero); open streams hold none.
+GATEWAY_THREADS = env_int("GATEWAY_THREADS", 64, minimum=1)
 # SSE keep-alive comment interval while nothing is generated (also detects gone clients).
 SSE_KEEPALIVE_SECONDS = env_float("SSE_KEEPALIVE_SECONDS", 5.0)
 OPERATOR_TOKEN = env_str("OPERATOR_TOKEN", "")

@@ -4,31 +4,46 @@ The quota gate refuses with an OpenAI-shaped 429 that names the limit in `x-rate
 This middleware only looks at responses that are already 429s (nothing is added to an admitted
 request's path), finds the caller's tenant from the Authorization header (the same Redis-cached
 key lookup the gateway just did) and appends the event to the tenant's capped list in Redis.
+
+Both middlewares here are sync- and async-capable (config/middleware.py says why).
 """
 
 import json
 import logging
 import time
 
+from config.middleware import SyncAndAsyncMiddleware
 from console.services import throttle_record
+from gateway.offload import run_blocking
 from tenants.keys import key_prefix
 from tenants.services import AuthenticationFailed, apikey_authenticate
 
 log = logging.getLogger(__name__)
 
 
-class ThrottleEventMiddleware:
-    def __init__(self, get_response):
-        self.get_response = get_response
+def _is_throttled(request, response) -> bool:
+    return response.status_code == 429 and request.path.startswith("/v1/")
 
-    def __call__(self, request):
+
+class ThrottleEventMiddleware(SyncAndAsyncMiddleware):
+    def _call(self, request):
         response = self.get_response(request)
-        if response.status_code == 429 and request.path.startswith("/v1/"):
-            try:
-                self._record(request, response)
-            except Exception:  # recording must never turn a 429 into a 500
-                log.warning("could not record a throttling event", exc_info=True)
+        if _is_throttled(request, response):
+            self._record_safely(request, response)
         return response
+
+    async def _acall(self, request):
+        response = await self.get_response(request)
+        if _is_throttled(request, response):
+            # The key lookup may reach the database: on a gateway thread, off the event loop.
+            await run_blocking(self._record_safely, request, response)
+        return response
+
+    def _record_safely(self, request, response) -> None:
+        try:
+            self._record(request, response)
+        except Exception:  # recording must never turn a 429 into a 500
+            log.warning("could not record a throttling event", exc_info=True)
 
     def _record(self, request, response) -> None:
         scheme, _, token = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
@@ -71,14 +86,17 @@ CONSOLE_CSP = "; ".join(
 )
 
 
-class ConsoleSecurityHeadersMiddleware:
+class ConsoleSecurityHeadersMiddleware(SyncAndAsyncMiddleware):
     """A Content-Security-Policy on every console page: the browser itself refuses other origins."""
 
-    def __init__(self, get_response):
-        self.get_response = get_response
+    def _call(self, request):
+        return self._with_headers(request, self.get_response(request))
 
-    def __call__(self, request):
-        response = self.get_response(request)
+    async def _acall(self, request):
+        return self._with_headers(request, await self.get_response(request))
+
+    @staticmethod
+    def _with_headers(request, response):
         if request.path.startswith("/console/"):
             response.headers.setdefault("Content-Security-Policy", CONSOLE_CSP)
             response.headers.setdefault("Referrer-Policy", "same-origin")

@@ -1,20 +1,24 @@
 """Dispatch to the worker pools and relay of their token events back to the gateway.
 
 A request's life on this side: `enqueue` stores its input in Redis and sends a small Celery task to
-the model pool's queue; `relay` reads the request's event stream and yields Delta/Done/Failed
-events, with bounded waits: a request that no worker takes in time is taken back (503), and a
-worker that stops heartbeating mid-request ends the stream with an explicit error.
+the model pool's queue (sync, on a gateway thread); `relay` reads the request's event stream on the
+event loop (`redis.asyncio`, no thread held while it waits) and yields Delta/Done/Failed events,
+with bounded waits: a request that no worker takes in time is taken back (503), and a worker that
+stops heartbeating mid-request ends the stream with an explicit error.
 """
 
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from django.conf import settings
 
 from catalog.models import ServedModel
-from config.redis_client import REDIS_UNAVAILABLE, get_redis
+from config.redis_client import REDIS_UNAVAILABLE, get_async_redis, get_redis
 from gateway.errors import ServiceUnavailable
+from gateway.offload import run_blocking
 from ledger.services import ledger_pending_put
 from ledger.writer import ledger_record
 from workers import protocol
@@ -106,44 +110,45 @@ def enqueue(request: RequestInput, model: ServedModel) -> None:
     )
 
 
-def relay(request: RequestInput, model: ServedModel) -> Iterator[Delta | Done | Failed | Idle]:
+async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delta | Done | Failed | Idle]:
     """Yield the request's events until Done or Failed. The caller must call `abandon` if it stops early."""
     key = protocol.events_key(request.request_id)
     worker, seen_tokens = None, 0
     last_event = time.monotonic()
     queue_deadline = last_event + settings.QUEUE_TIMEOUT_SECONDS
-    for batch in _event_batches(key):
-        if batch is None:
-            # Redis is unreachable, so no heartbeat arrives either: time the stall check from its return.
+    async with aclosing(_event_batches(key)) as batches:
+        async for batch in batches:
+            if batch is None:
+                # Redis is unreachable, so no heartbeat arrives either: time the stall check from its return.
+                last_event = time.monotonic()
+                yield Idle()
+                continue
+            if not batch:
+                failure = await _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline)
+                if failure is not None:
+                    yield failure
+                    return
+                yield Idle()
+                continue
             last_event = time.monotonic()
-            yield Idle()
-            continue
-        if not batch:
-            failure = _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline)
-            if failure is not None:
-                yield failure
-                return
-            yield Idle()
-            continue
-        last_event = time.monotonic()
-        for entry_id, fields in batch:
-            kind = fields["t"]
-            if kind == "delta":
-                tokens = int(fields["n"])
-                seen_tokens += tokens
-                yield Delta(fields["x"], tokens)
-            elif kind == "start":
-                worker = fields["w"]
-            elif kind == "done":
-                yield Done(Usage.loads(fields["u"]))
-                return
-            elif kind == "error":
-                # The worker also writes a done event with the usage; wait for it (bounded).
-                yield Failed(fields["m"], fields["c"], _final_usage(key, entry_id))
-                return
+            for entry_id, fields in batch:
+                kind = fields["t"]
+                if kind == "delta":
+                    tokens = int(fields["n"])
+                    seen_tokens += tokens
+                    yield Delta(fields["x"], tokens)
+                elif kind == "start":
+                    worker = fields["w"]
+                elif kind == "done":
+                    yield Done(Usage.loads(fields["u"]))
+                    return
+                elif kind == "error":
+                    # The worker also writes a done event with the usage; wait for it (bounded).
+                    yield Failed(fields["m"], fields["c"], await _final_usage(key, entry_id))
+                    return
 
 
-def _event_batches(key: str) -> Iterator[list[tuple[str, dict]] | None]:
+async def _event_batches(key: str) -> AsyncIterator[list[tuple[str, dict]] | None]:
     """The request stream's new entries, read by blocking reads: [] after a quiet keep-alive
     interval, None every OUTAGE_RETRY_SECONDS while Redis is unreachable.
 
@@ -151,17 +156,17 @@ def _event_batches(key: str) -> Iterator[list[tuple[str, dict]] | None]:
     repeated; the worker waits out the same outage (workers/serving.py). Past RELAY_OUTAGE_SECONDS
     the Redis error is raised.
     """
-    redis = get_redis()
+    redis = get_async_redis()
     block_ms = int(settings.SSE_KEEPALIVE_SECONDS * 1000)
     last_id, outage_since = "0-0", None
     while True:
         try:
-            reply = redis.xread({key: last_id}, block=block_ms, count=256)
+            reply = await redis.xread({key: last_id}, block=block_ms, count=256)
         except REDIS_UNAVAILABLE:
             outage_since = outage_since or time.monotonic()
             if time.monotonic() - outage_since > RELAY_OUTAGE_SECONDS:
                 raise
-            time.sleep(OUTAGE_RETRY_SECONDS)
+            await asyncio.sleep(OUTAGE_RETRY_SECONDS)
             yield None
             continue
         outage_since = None
@@ -171,44 +176,66 @@ def _event_batches(key: str) -> Iterator[list[tuple[str, dict]] | None]:
         yield entries
 
 
-def _final_usage(key: str, after_id: str) -> Usage | None:
-    reply = get_redis().xread({key: after_id}, block=2000, count=16)
+async def _final_usage(key: str, after_id: str) -> Usage | None:
+    reply = await get_async_redis().xread({key: after_id}, block=2000, count=16)
     for _, fields in reply[0][1] if reply else []:
         if fields["t"] == "done":
             return Usage.loads(fields["u"])
     return None
 
 
-def _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline) -> Failed | None:
+async def _ready_workers_async(pool: str) -> list[str]:
+    """`ready_workers`, read on the event loop."""
+    redis = get_async_redis()
+    fresh = await redis.zrangebyscore(
+        protocol.pool_workers_key(pool), time.time() - settings.WORKER_HEARTBEAT_TIMEOUT, "+inf"
+    )
+    if not fresh:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for name in fresh:
+        pipe.hget(protocol.worker_key(name), "state")
+    return [name for name, state in zip(fresh, await pipe.execute(), strict=True) if state == "ready"]
+
+
+async def _worker_alive_async(name: str) -> bool:
+    """`worker_alive`, read on the event loop."""
+    redis = get_async_redis()
+    pool = await redis.hget(protocol.worker_key(name), "pool")
+    score = await redis.zscore(protocol.pool_workers_key(pool), name) if pool else None
+    return score is not None and score > time.time() - settings.WORKER_HEARTBEAT_TIMEOUT
+
+
+async def _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline) -> Failed | None:
     now = time.monotonic()
     if worker is None:
-        if now >= queue_deadline or not ready_workers(model.pool):
-            if _take_back(request):
+        if now >= queue_deadline or not await _ready_workers_async(model.pool):
+            if await _take_back(request):
                 return Failed("No worker took the request in time; try again later.", "no_worker_available")
         return None
-    if now - last_event >= settings.WORKER_HEARTBEAT_TIMEOUT and not worker_alive(worker):
+    if now - last_event >= settings.WORKER_HEARTBEAT_TIMEOUT and not await _worker_alive_async(worker):
         usage = _usage_for(request, seen_tokens, status="worker_lost", worker=worker)
-        ledger_pending_put(usage, only_if_absent=True)
-        get_redis().set(protocol.cancel_key(request.request_id), 1, ex=protocol.REQUEST_TTL)
+        await run_blocking(ledger_pending_put, usage, only_if_absent=True)
+        await get_async_redis().set(protocol.cancel_key(request.request_id), 1, ex=protocol.REQUEST_TTL)
         return Failed("The worker serving this request was lost; the request was stopped.", "worker_lost", usage)
     return None
 
 
-def _take_back(request: RequestInput) -> bool:
+async def _take_back(request: RequestInput) -> bool:
     """Take a request no worker has started back from the queue; True if it was still unclaimed.
 
     Workers claim a request by deleting its input, so exactly one side wins and records its usage.
     """
-    if get_redis().delete(protocol.input_key(request.request_id)) == 0:
+    if await get_async_redis().delete(protocol.input_key(request.request_id)) == 0:
         return False
-    ledger_pending_put(_usage_for(request, 0, status="cancelled", worker=""), only_if_absent=True)
+    await run_blocking(ledger_pending_put, _usage_for(request, 0, status="cancelled", worker=""), only_if_absent=True)
     return True
 
 
-def abandon(request: RequestInput) -> None:
+async def abandon(request: RequestInput) -> None:
     """The client went away: stop the request wherever it is; the worker bills what it generated."""
-    if not _take_back(request):
-        get_redis().set(protocol.cancel_key(request.request_id), 1, ex=protocol.REQUEST_TTL)
+    if not await _take_back(request):
+        await get_async_redis().set(protocol.cancel_key(request.request_id), 1, ex=protocol.REQUEST_TTL)
 
 
 def _usage_for(request: RequestInput, completion_tokens: int, *, status: str, worker: str) -> Usage:
@@ -230,5 +257,7 @@ def _usage_for(request: RequestInput, completion_tokens: int, *, status: str, wo
 
 
 def record(request_id: str) -> None:
-    """Fast path into the ledger right after a request ends (the periodic flush is the safety net)."""
+    """Fast path into the ledger right after a request ends (the periodic flush is the safety net).
+
+    Blocking (Redis script, maybe an INSERT): call it through `run_blocking` from async code."""
     ledger_record(request_id)

@@ -2,14 +2,21 @@
 
 Plain Django views (no DRF on the hot path): authenticate → validate → tokenize → wait for a worker
 → enqueue → relay. Every failure is an OpenAI-shaped error; bad input is always a 4xx.
+
+The inference views are async: the blocking steps up to the enqueue run as one call on a gateway
+thread (gateway/offload.py), and the relay runs on the event loop, so an open stream holds no thread.
 """
 
+import asyncio
 import functools
 import json
 import logging
 import time
 import uuid
+from contextlib import aclosing
+from dataclasses import dataclass
 
+from asgiref.sync import iscoroutinefunction
 from django import db
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -17,6 +24,7 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from catalog.models import ServedModel
 from catalog.selectors import served_model_get, served_models_for
 from config.redis_client import REDIS_UNAVAILABLE
 from gateway import dispatch, tokenization
@@ -31,45 +39,76 @@ from gateway.errors import (
     ServiceUnavailable,
 )
 from gateway.formats import ChunkWriter, completion_body
+from gateway.offload import run_blocking
 from gateway.validation import InferenceRequest, chat_request, completion_request, parse_json_body
 from quotas.admission import quota_release
 from quotas.gate import admission_gate
-from workers.protocol import RequestInput
+from workers.protocol import RequestInput, Usage
 
 log = logging.getLogger(__name__)
 
 
 def openai_endpoint(*methods: str):
-    """CSRF-exempt API view that allows `methods` and turns OpenAIError into its response (and an
-    unreachable database or Redis into a 503, not a 500)."""
+    """CSRF-exempt API view (sync or async) that allows `methods` and turns OpenAIError into its
+    response (and an unreachable database or Redis into a 503, not a 500)."""
 
     def decorate(view):
-        @csrf_exempt
-        @functools.wraps(view)
-        def wrapper(request, *args, **kwargs):
-            try:
-                if request.method not in methods:
-                    raise MethodNotAllowed(f"Method {request.method} is not allowed here; use {', '.join(methods)}.")
-                return view(request, *args, **kwargs)
-            except OpenAIError as error:
-                return error.response()
-            except (OperationalError, InterfaceError, *REDIS_UNAVAILABLE) as exc:
-                # A backing service is down or saturated (a Redis restart, a database pool timeout):
-                # the client may retry; nothing was enqueued, or what was is settled by the ledger.
-                log.warning("%s %s: backing service unavailable: %s", request.method, request.path, exc)
-                return ServiceUnavailable(
-                    "The service is temporarily unavailable; try again shortly.",
-                    code="service_unavailable",
-                    headers={"Retry-After": "2"},
-                ).response()
+        if iscoroutinefunction(view):
 
-        return wrapper
+            @functools.wraps(view)
+            async def wrapper(request, *args, **kwargs):
+                try:
+                    _check_method(request, methods)
+                    return await view(request, *args, **kwargs)
+                except (OpenAIError, OperationalError, InterfaceError, *REDIS_UNAVAILABLE) as exc:
+                    return _error_response(request, exc)
+
+        else:
+
+            @functools.wraps(view)
+            def wrapper(request, *args, **kwargs):
+                try:
+                    _check_method(request, methods)
+                    return view(request, *args, **kwargs)
+                except (OpenAIError, OperationalError, InterfaceError, *REDIS_UNAVAILABLE) as exc:
+                    return _error_response(request, exc)
+
+        return csrf_exempt(wrapper)
 
     return decorate
 
 
+def _check_method(request, methods: tuple[str, ...]) -> None:
+    if request.method not in methods:
+        raise MethodNotAllowed(f"Method {request.method} is not allowed here; use {', '.join(methods)}.")
+
+
+def _error_response(request, exc: Exception) -> HttpResponse:
+    if isinstance(exc, OpenAIError):
+        return exc.response()
+    # A backing service is down or saturated (a Redis restart, a database pool timeout): the client
+    # may retry; nothing was enqueued, or what was is settled by the ledger.
+    log.warning("%s %s: backing service unavailable: %s", request.method, request.path, exc)
+    return ServiceUnavailable(
+        "The service is temporarily unavailable; try again shortly.",
+        code="service_unavailable",
+        headers={"Retry-After": "2"},
+    ).response()
+
+
+# Async views that run their (blocking) work on a gateway thread: /v1/* requests run no blocking
+# code on asgiref's shared sync thread (config/asgi.py).
 @openai_endpoint("GET")
-def models_list(request):
+async def models_list(request):
+    return await run_blocking(_models_list, request)
+
+
+@openai_endpoint("GET")
+async def model_detail(request, model_id: str):
+    return await run_blocking(_model_detail, request, model_id)
+
+
+def _models_list(request) -> JsonResponse:
     principal = authenticate(request)
     data = [
         {"id": m.model_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": "gemma-platform"}
@@ -78,8 +117,7 @@ def models_list(request):
     return JsonResponse({"object": "list", "data": data})
 
 
-@openai_endpoint("GET")
-def model_detail(request, model_id: str):
+def _model_detail(request, model_id: str) -> JsonResponse:
     principal = authenticate(request)
     model = served_model_get(principal, model_id)
     return JsonResponse(
@@ -93,13 +131,13 @@ def model_detail(request, model_id: str):
 
 
 @openai_endpoint("POST")
-def chat_completions(request):
-    return _inference(request, chat_request)
+async def chat_completions(request):
+    return await _inference(request, chat_request)
 
 
 @openai_endpoint("POST")
-def completions(request):
-    return _inference(request, completion_request)
+async def completions(request):
+    return await _inference(request, completion_request)
 
 
 @openai_endpoint("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -120,7 +158,60 @@ def _read_body(request) -> dict:
     return parse_json_body(raw)
 
 
-def _inference(request, parse) -> HttpResponse:
+@dataclass
+class _Enqueued:
+    """A request admitted and handed to its pool: what the relay needs."""
+
+    job: RequestInput
+    model: ServedModel
+    spec: InferenceRequest
+    headers: dict[str, str]
+
+
+async def _inference(request, parse) -> HttpResponse:
+    enqueued = await _admit(request, parse)
+    job, model, spec = enqueued.job, enqueued.model, enqueued.spec
+    if spec.stream:
+        response = _EventStreamResponse(_stream(job, model, spec))
+    else:
+        response = await _collect(job, model, spec)
+    response["X-Request-Id"] = job.request_id
+    for name, value in enqueued.headers.items():
+        response[name] = value
+    return response
+
+
+# Tasks started by a request that outlive it; the event loop keeps only weak references to tasks.
+_background: set[asyncio.Task] = set()
+
+
+async def _admit(request, parse) -> _Enqueued:
+    """Run the blocking steps up to the enqueue (ORM, Redis, tokenizer) as one call on a gateway thread.
+
+    A cancelled view (the client went away) cannot stop that thread: the call runs to its end
+    regardless, and a request it enqueued is then abandoned rather than generated for nobody."""
+    step = asyncio.ensure_future(run_blocking(_admit_and_enqueue, request, parse))
+    try:
+        return await asyncio.shield(step)
+    except asyncio.CancelledError:
+        step.add_done_callback(_abandon_if_enqueued)
+        raise
+
+
+def _abandon_if_enqueued(step: asyncio.Future) -> None:
+    if step.cancelled() or step.exception() is not None:
+        return  # nothing was enqueued (or what was is released by its own error path)
+    task = asyncio.ensure_future(_abandon(step.result().job))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def _admit_and_enqueue(request, parse) -> _Enqueued:
+    """Authenticate, validate, tokenize, wait for a worker, admit and enqueue (blocking; on a gateway
+    thread, whose database connection `run_blocking` gives back at the end).
+
+    Raises the OpenAIError to answer; on success the request is in its pool's queue and settled
+    through the ledger from here on."""
     principal = authenticate(request)
     spec: InferenceRequest = parse(_read_body(request))
     model = served_model_get(principal, spec.model)
@@ -158,19 +249,7 @@ def _inference(request, parse) -> HttpResponse:
     except BaseException:
         quota_release(request_id=request_id)
         raise
-    # Relaying can take minutes: give the database connection back to the pool meanwhile (the quota
-    # limits may have needed one again).
-    db.connection.close()
-    if spec.stream:
-        response = StreamingHttpResponse(_stream(job, model, spec), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"  # no proxy buffering of the token stream
-    else:
-        response = _collect(job, model, spec)
-    response["X-Request-Id"] = job.request_id
-    for name, value in admitted.headers.items():
-        response[name] = value
-    return response
+    return _Enqueued(job, model, spec, dict(admitted.headers))
 
 
 def _max_tokens(spec: InferenceRequest, context_length: int, prompt_tokens: int) -> int:
@@ -203,68 +282,96 @@ def _failure_error(failure: Failed) -> OpenAIError:
     return error
 
 
-class _RecordingResponse(HttpResponse):
-    """Writes the request's usage into the ledger once the reply has been handed to the server."""
-
-    def __init__(self, *args, request_id: str, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._request_id = request_id
-
-    def close(self):
-        # Called by the server once the body is sent. The ledger write goes first: HttpResponse.close()
-        # sends request_finished, which hands the thread's database connection back to the pool; a
-        # write after it kept a pooled connection on this idle thread until its next request, and
-        # enough idle threads starved the pool (PoolTimeout: HTTP 500s after bursts).
-        try:
-            dispatch.record(self._request_id)
-        finally:
-            super().close()
-
-
-def _collect(job: RequestInput, model, spec: InferenceRequest) -> HttpResponse:
-    parts: list[str] = []
+async def _collect(job: RequestInput, model, spec: InferenceRequest) -> HttpResponse:
+    """The non-streamed reply. Its usage goes into the ledger before the reply is returned, so the
+    tenant's quota is settled by the time the client reads it."""
     try:
-        for event in dispatch.relay(job, model):
+        outcome = await _collected(job, model)
+    except BaseException:
+        # The client went away (the view task is cancelled) or relaying failed: stop the request.
+        await _abandon(job)
+        raise
+    if isinstance(outcome, Failed):
+        return _failure_error(outcome).response()
+    text, usage = outcome
+    body = completion_body(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, text, usage)
+    await run_blocking(dispatch.record, job.request_id)
+    return HttpResponse(json.dumps(body), content_type="application/json")
+
+
+async def _collected(job: RequestInput, model) -> tuple[str, Usage] | Failed:
+    """The request's whole text and usage, or its failure."""
+    parts: list[str] = []
+    async with aclosing(dispatch.relay(job, model)) as events:
+        async for event in events:
             if isinstance(event, Delta):
                 parts.append(event.text)
             elif isinstance(event, Done):
-                body = completion_body(
-                    spec.kind, job.request_id, int(job.enqueued_at), model.model_id, "".join(parts), event.usage
-                )
-                return _RecordingResponse(json.dumps(body), content_type="application/json", request_id=job.request_id)
+                return "".join(parts), event.usage
             elif isinstance(event, Failed):
-                return _failure_error(event).response()
-    except BaseException:
-        dispatch.abandon(job)
-        raise
+                return event
     raise AssertionError("relay ended without a final event")
 
 
-def _abandon(job: RequestInput) -> None:
+async def _abandon(job: RequestInput) -> None:
+    """Stop the request on its worker; shielded, so a second cancellation of the view task (the
+    server shutting down) cannot cut it off half way. Never raises for an unreachable Redis."""
     try:
-        dispatch.abandon(job)
+        await asyncio.shield(_abandon_logged(job))
+    except asyncio.CancelledError:
+        pass  # the shielded call goes on by itself
+
+
+async def _abandon_logged(job: RequestInput) -> None:
+    try:
+        await dispatch.abandon(job)
     except REDIS_UNAVAILABLE:
         # The worker cannot be told to stop: it finishes the request and bills all of it.
         log.warning("request %s: could not stop it on its worker (Redis unavailable)", job.request_id)
 
 
-def _stream(job: RequestInput, model, spec: InferenceRequest):
+class _EventStreamResponse(StreamingHttpResponse):
+    """An SSE reply whose frame generator is closed as soon as the server stops consuming the reply.
+
+    Django's ASGI handler closes only the outer generator it iterates (`__aiter__`), not the one
+    given here: a stream cut while the server waits on a slow client's socket would otherwise run
+    its `finally` (the request's abandon) only when the garbage collector finalizes it."""
+
+    def __init__(self, frames):
+        super().__init__(frames, content_type="text/event-stream")
+        self._frames = frames
+        self["Cache-Control"] = "no-cache"
+        self["X-Accel-Buffering"] = "no"  # no proxy buffering of the token stream
+
+    async def __aiter__(self):
+        async with aclosing(self._frames):
+            async for part in super().__aiter__():
+                yield part
+
+
+async def _stream(job: RequestInput, model, spec: InferenceRequest):
+    """The SSE frames of a streamed reply (an async generator that StreamingHttpResponse consumes).
+
+    A client that goes away ends it early: Django cancels the response task (CancelledError at the
+    current await) or closes the generator (GeneratorExit at a yield); either way the `finally`
+    abandons the request. The usage goes into the ledger after the last frame is sent."""
     writer = ChunkWriter(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, spec.include_usage)
     finished = False
     try:
         yield writer.opening()
-        for event in dispatch.relay(job, model):
-            if isinstance(event, Delta):
-                if event.text:
-                    yield writer.delta(event.text)
-            elif isinstance(event, Idle):
-                yield writer.keepalive()  # a gone client makes this write fail, which aborts the request
-            elif isinstance(event, Done):
-                finished = True
-                yield writer.closing(event.usage)
-            elif isinstance(event, Failed):
-                finished = True
-                yield writer.error(_failure_error(event).body())
+        async with aclosing(dispatch.relay(job, model)) as events:
+            async for event in events:
+                if isinstance(event, Delta):
+                    if event.text:
+                        yield writer.delta(event.text)
+                elif isinstance(event, Idle):
+                    yield writer.keepalive()  # keeps proxies from timing the connection out
+                elif isinstance(event, Done):
+                    finished = True
+                    yield writer.closing(event.usage)
+                elif isinstance(event, Failed):
+                    finished = True
+                    yield writer.error(_failure_error(event).body())
     except REDIS_UNAVAILABLE:
         # Headers are out: end the stream with an error event rather than a cut connection. The
         # worker records the usage itself; the periodic flush writes it (no fast path without Redis).
@@ -274,6 +381,6 @@ def _stream(job: RequestInput, model, spec: InferenceRequest):
         return
     finally:
         if not finished:
-            _abandon(job)
+            await _abandon(job)
     # Reached only after the last frame was written out.
-    dispatch.record(job.request_id)
+    await run_blocking(dispatch.record, job.request_id)

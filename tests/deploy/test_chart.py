@@ -12,6 +12,7 @@ import base64
 import http.server
 import json
 import re
+import runpy
 import signal
 import socket
 import subprocess
@@ -1138,7 +1139,11 @@ def test_every_module_and_file_the_pods_run_exists(render):
                 modules.update(words[i + 1] for i, w in enumerate(words[:-1]) if w in {"-m", "-A"})
                 files.update(w for w in words if w.endswith((".py", ".conf.py")) and "/" in w)
                 modules.update(w.split(":")[0] for w in words if re.fullmatch(r"[a-z_.]+:[a-z_]+", w))
-    assert {"workers.probe", "workers.drain", "workers.celery_app", "config.wsgi"} <= modules
+    # gunicorn's command line names only its config file; the application is named in that file.
+    modules.update(
+        runpy.run_path(str(ROOT / f))["wsgi_app"].split(":")[0] for f in files if f.endswith("gunicorn.conf.py")
+    )
+    assert {"workers.probe", "workers.drain", "workers.celery_app", "config.asgi"} <= modules
     missing = sorted(m for m in modules if _python_module_file(m) is None)
     missing += sorted(f for f in files if not (ROOT / f).is_file())
     assert not missing, f"the chart runs code that is not in the repository: {missing}"

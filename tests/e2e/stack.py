@@ -156,9 +156,9 @@ class Stack:
 def _start_gunicorn(stack: Stack, port: int) -> None:
     log = open(stack.log_dir / "gunicorn.log", "ab")  # noqa: SIM115
     stack.procs["gunicorn"] = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "config.wsgi:application", "-c", "deploy/gunicorn.conf.py"],
+        [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"],
         cwd=ROOT,
-        env=dict(stack.env, GUNICORN_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY="2", GUNICORN_THREADS="64"),
+        env=dict(stack.env, GUNICORN_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY="2"),
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,

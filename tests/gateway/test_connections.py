@@ -1,5 +1,7 @@
-"""The gateway gives its database connection back, and answers a backing-service outage with a 503."""
+"""The gateway gives its database connection back, answers a backing-service outage with a 503,
+rides out a Redis restart mid-stream, and stops a request whose client went away."""
 
+import asyncio
 import json
 import time
 
@@ -40,25 +42,31 @@ def _finished_request(make_tenant, redis_client, request_id: str):
     return tenant
 
 
-def _close_reply(request_id: str) -> None:
-    from gateway.views import _RecordingResponse
+def _record_on_a_gateway_thread(request_id: str):
+    """What the views do when a request ends: dispatch.record through run_blocking. Returns the
+    database connection wrapper of the thread that ran it."""
+    from gateway import dispatch
+    from gateway.offload import run_blocking
 
-    response = _RecordingResponse(b"{}", content_type="application/json", request_id=request_id)
-    response.close()  # what the server calls once the body is sent
+    def record():
+        dispatch.record(request_id)
+        return db.connections["default"]  # this thread's own
+
+    return asyncio.run(run_blocking(record))
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_unbatched_reply_writes_its_row_before_the_connection_goes_back(
+def test_an_unbatched_reply_writes_its_row_and_its_thread_gives_the_connection_back(
     connections_close_at_request_end, make_tenant, redis_client, settings
 ):
     settings.LEDGER_BATCH_SECONDS = 0
     _finished_request(make_tenant, redis_client, "chatcmpl-conn")
 
-    _close_reply("chatcmpl-conn")
+    thread_connection = _record_on_a_gateway_thread("chatcmpl-conn")
 
     # The usage row was written, and the connection that wrote it was closed (returned to the pool):
-    # one kept open here stays with this idle server thread, and enough of those starve the pool.
-    assert db.connection.connection is None
+    # one kept open stays with this idle gateway thread, and enough of those starve the pool.
+    assert thread_connection.connection is None
     assert UsageRecord.objects.get(request_id="chatcmpl-conn").completion_tokens == 3
     assert not redis_client.exists("resv:chatcmpl-conn")
 
@@ -70,10 +78,10 @@ def test_a_batched_reply_settles_at_once_and_its_row_follows(
     settings.LEDGER_BATCH_SECONDS = 0.05
     _finished_request(make_tenant, redis_client, "chatcmpl-batch")
 
-    _close_reply("chatcmpl-batch")
+    thread_connection = _record_on_a_gateway_thread("chatcmpl-batch")
 
     assert not redis_client.exists("resv:chatcmpl-batch")  # the quota is settled before the reply ends
-    assert db.connection.connection is None  # the request's thread holds no connection
+    assert thread_connection.connection is None  # the request's thread holds no connection
     deadline = time.monotonic() + 10
     while not UsageRecord.objects.filter(request_id="chatcmpl-batch").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -108,35 +116,50 @@ def test_an_unreachable_redis_is_a_503_in_openai_shape(monkeypatch):
 def test_redis_reads_outlast_the_gateways_blocking_reads(settings):
     """redis-py 8 times reads out after 5 s by default, as long as the relay's XREAD blocks: a stream
     waiting for its first token behind a busy pool died with "Timeout reading from socket"."""
-    from config.redis_client import get_redis
+    from config.redis_client import get_async_redis, get_redis
 
-    timeout = get_redis().connection_pool.connection_kwargs["socket_timeout"]
-    assert timeout >= settings.SSE_KEEPALIVE_SECONDS + 10
+    async def async_timeout():
+        return get_async_redis().connection_pool.connection_kwargs["socket_timeout"]
+
+    for timeout in (get_redis().connection_pool.connection_kwargs["socket_timeout"], asyncio.run(async_timeout())):
+        assert timeout >= settings.SSE_KEEPALIVE_SECONDS + 10
+
+
+def _job(request_id: str):
+    from workers.protocol import RequestInput
+
+    return RequestInput(request_id=request_id, model="m", prompt_token_ids=[1], params={}, tenant_id=1, key_id=1,
+                        enqueued_at=time.time())  # fmt: skip
+
+
+_MODEL = type("Model", (), {"model_id": "m"})()
+
+
+async def _frames(stream) -> str:
+    return b"".join([part async for part in stream]).decode()
 
 
 def test_a_redis_failure_mid_stream_ends_it_with_an_error_event(monkeypatch):
     from gateway import dispatch, views
     from gateway.validation import completion_request
-    from workers.protocol import RequestInput
 
-    def relay(job, model):
+    async def relay(job, model):
         yield dispatch.Delta("Hello", 1)
         raise RedisTimeoutError("Timeout reading from socket")
 
     abandoned, recorded = [], []
 
-    def abandon(job):  # Redis is still down: telling the worker to stop fails too
+    async def abandon(job):  # Redis is still down: telling the worker to stop fails too
         abandoned.append(job)
         raise RedisConnectionError("Connection refused")
 
     monkeypatch.setattr(dispatch, "relay", relay)
     monkeypatch.setattr(dispatch, "abandon", abandon)
     monkeypatch.setattr(dispatch, "record", recorded.append)
-    job = RequestInput(request_id="cmpl-cut", model="m", prompt_token_ids=[1], params={}, tenant_id=1, key_id=1,
-                       enqueued_at=time.time())  # fmt: skip
+    job = _job("cmpl-cut")
     spec = completion_request({"model": "m", "prompt": "hi", "stream": True})
 
-    frames = b"".join(views._stream(job, type("Model", (), {"model_id": "m"})(), spec)).decode()
+    frames = asyncio.run(_frames(views._stream(job, _MODEL, spec)))
 
     events = [line[6:] for line in frames.splitlines() if line.startswith("data: ")]
     assert json.loads(events[0])["choices"][0]["text"] == "Hello"
@@ -147,13 +170,87 @@ def test_a_redis_failure_mid_stream_ends_it_with_an_error_event(monkeypatch):
     assert recorded == []  # no fast path into the ledger without Redis: the periodic flush writes it
 
 
+class _Waiting:
+    """A relay that yields one delta, then waits for tokens that never come; says when it waits."""
+
+    def __init__(self):
+        self.waiting = asyncio.Event()
+
+    async def relay(self, job, model):
+        from gateway import dispatch
+
+        yield dispatch.Delta("Hello", 1)
+        self.waiting.set()
+        await asyncio.Event().wait()
+        yield dispatch.Delta("never", 1)  # pragma: no cover
+
+
+def _stream_spec():
+    from gateway.validation import completion_request
+
+    return completion_request({"model": "m", "prompt": "hi", "stream": True})
+
+
+def test_a_stream_cancelled_while_it_waits_for_tokens_abandons_its_request(monkeypatch):
+    """Django cancels the response task when the ASGI server reports the client gone."""
+    from gateway import dispatch, views
+
+    relay, abandoned, recorded = _Waiting(), [], []
+
+    async def abandon(job):
+        abandoned.append(job.request_id)
+
+    monkeypatch.setattr(dispatch, "relay", relay.relay)
+    monkeypatch.setattr(dispatch, "abandon", abandon)
+    monkeypatch.setattr(dispatch, "record", recorded.append)
+
+    async def scenario():
+        consumer = asyncio.ensure_future(_frames(views._stream(_job("cmpl-gone"), _MODEL, _stream_spec())))
+        await relay.waiting.wait()
+        consumer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await consumer
+
+    asyncio.run(scenario())
+    assert abandoned == ["cmpl-gone"]
+    assert recorded == []  # the worker records what it generated before it stopped
+
+
+def test_a_stream_the_server_stops_consuming_abandons_its_request_at_once(monkeypatch):
+    """A cancel that lands while the server waits on the client's socket closes only the iterator
+    the server holds: the response closes the stream's own generator with it."""
+    from gateway import dispatch, views
+
+    abandoned = []
+
+    async def abandon(job):
+        abandoned.append(job.request_id)
+
+    async def relay(job, model):
+        while True:
+            yield dispatch.Delta("x", 1)
+
+    monkeypatch.setattr(dispatch, "relay", relay)
+    monkeypatch.setattr(dispatch, "abandon", abandon)
+
+    async def scenario():
+        response = views._EventStreamResponse(views._stream(_job("cmpl-stuck"), _MODEL, _stream_spec()))
+        frames = aiter(response)
+        await anext(frames)  # the opening frame
+        await anext(frames)  # a delta: the stream's generator now waits at a yield
+        await frames.aclose()  # what Django's send_response does when its send is cancelled
+
+    asyncio.run(scenario())
+    assert abandoned == ["cmpl-stuck"]
+
+
 class _RestartingRedis:
     """XREAD answers like a Redis that is down for the first `down` reads, then has `entries`."""
 
     def __init__(self, down: int, entries: list):
         self.down, self.entries, self.reads = down, entries, []
 
-    def xread(self, streams, block, count):
+    async def xread(self, streams, block, count):
         self.reads.append(dict(streams))
         if len(self.reads) <= self.down:
             raise RedisConnectionError("Error while reading from 127.0.0.1:6379 : (104, 'Connection reset by peer')")
@@ -162,30 +259,44 @@ class _RestartingRedis:
         return [("req:x:ev", fresh)] if fresh else []
 
 
-def test_a_stream_rides_out_a_redis_restart_and_resumes_where_it_was(monkeypatch):
+@pytest.mark.asyncio
+async def test_a_stream_rides_out_a_redis_restart_and_resumes_where_it_was(monkeypatch):
     from gateway import dispatch
 
     redis = _RestartingRedis(down=0, entries=[("1-0", {"t": "delta", "x": "a", "n": "1"})])
-    monkeypatch.setattr(dispatch, "get_redis", lambda: redis)
+    monkeypatch.setattr(dispatch, "get_async_redis", lambda: redis)
     monkeypatch.setattr(dispatch, "OUTAGE_RETRY_SECONDS", 0)
     batches = dispatch._event_batches("req:x:ev")
 
-    assert next(batches) == [("1-0", {"t": "delta", "x": "a", "n": "1"})]
+    assert await anext(batches) == [("1-0", {"t": "delta", "x": "a", "n": "1"})]
     redis.down = len(redis.reads) + 2  # the next two reads fail: Redis restarts
     redis.entries.append(("2-0", {"t": "delta", "x": "b", "n": "1"}))
-    assert [next(batches), next(batches)] == [None, None]
-    assert next(batches) == [("2-0", {"t": "delta", "x": "b", "n": "1"})]  # nothing lost, nothing repeated
+    assert [await anext(batches), await anext(batches)] == [None, None]
+    assert await anext(batches) == [("2-0", {"t": "delta", "x": "b", "n": "1"})]  # nothing lost, nothing repeated
     assert [read["req:x:ev"] for read in redis.reads] == ["0-0", "1-0", "1-0", "1-0"]
 
 
-def test_a_stream_gives_up_on_a_redis_that_stays_down(monkeypatch):
+@pytest.mark.asyncio
+async def test_a_stream_gives_up_on_a_redis_that_stays_down(monkeypatch):
     from gateway import dispatch
 
-    monkeypatch.setattr(dispatch, "get_redis", lambda: _RestartingRedis(down=10**6, entries=[]))
+    monkeypatch.setattr(dispatch, "get_async_redis", lambda: _RestartingRedis(down=10**6, entries=[]))
     monkeypatch.setattr(dispatch, "OUTAGE_RETRY_SECONDS", 0.01)
     monkeypatch.setattr(dispatch, "RELAY_OUTAGE_SECONDS", 0.1)
     batches = dispatch._event_batches("req:x:ev")
 
     with pytest.raises(RedisConnectionError):
-        for batch in batches:
+        async for batch in batches:
             assert batch is None
+
+
+def test_every_middleware_runs_on_the_event_loop_under_asgi(settings, caplog):
+    """A sync-only middleware would make Django adapt the stack around it, moving every request,
+    the async inference views included, onto a thread (it logs each adaptation when DEBUG is on)."""
+    from config.asgi import PlatformASGIHandler
+
+    settings.DEBUG = True
+    with caplog.at_level("DEBUG", logger="django.request"):
+        PlatformASGIHandler()  # loads the middleware stack in async mode
+
+    assert not [r.getMessage() for r in caplog.records if "adapted" in r.getMessage()]

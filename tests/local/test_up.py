@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from deploy.local.services import REPO_ROOT, stop_services
-from tests.local.test_gunicorn_worker import WORKER_CLASS
 
 GUNICORN_CONF = REPO_ROOT / "deploy" / "gunicorn.conf.py"
 
@@ -41,29 +40,30 @@ def test_the_gunicorn_config_reads_its_settings_from_the_environment(monkeypatch
     monkeypatch.delenv("GUNICORN_ACCESS_LOG", raising=False)
     monkeypatch.setenv("PORT", "9123")
     monkeypatch.setenv("WEB_CONCURRENCY", "3")
-    monkeypatch.setenv("GUNICORN_THREADS", "16")
 
     conf = runpy.run_path(str(GUNICORN_CONF))
 
     assert conf["bind"] == "0.0.0.0:9123"
-    assert (conf["worker_class"], conf["workers"], conf["threads"]) == (WORKER_CLASS, 3, 16)
+    assert (conf["worker_class"], conf["workers"]) == ("uvicorn_worker.UvicornWorker", 3)
+    assert conf["wsgi_app"] == "config.asgi:application"  # command lines name only the config file
     assert conf["timeout"] == 0  # a long SSE stream is never cut by the worker timeout
     assert conf["accesslog"] is None
 
 
 def test_the_gunicorn_config_defaults_suit_streaming(monkeypatch):
-    for name in ("PORT", "WEB_CONCURRENCY", "GUNICORN_THREADS", "GUNICORN_BIND", "HOST"):
+    for name in ("PORT", "WEB_CONCURRENCY", "GUNICORN_BIND", "HOST"):
         monkeypatch.delenv(name, raising=False)
 
     conf = runpy.run_path(str(GUNICORN_CONF))
 
-    assert (conf["bind"], conf["workers"], conf["threads"]) == ("0.0.0.0:8000", 2, 64)
+    assert (conf["bind"], conf["workers"]) == ("0.0.0.0:8000", 2)
+    assert "threads" not in conf  # an open stream holds no thread: nothing to size
 
 
 def test_the_gunicorn_config_names_a_malformed_variable(monkeypatch):
-    monkeypatch.setenv("GUNICORN_THREADS", "many")
+    monkeypatch.setenv("WEB_CONCURRENCY", "many")
 
-    with pytest.raises(SystemExit, match="GUNICORN_THREADS must be an integer"):
+    with pytest.raises(SystemExit, match="WEB_CONCURRENCY must be an integer"):
         runpy.run_path(str(GUNICORN_CONF))
 
 

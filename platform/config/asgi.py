@@ -1,0 +1,40 @@
+"""ASGI entry point: what gunicorn's uvicorn workers serve (`config.asgi:application`, named in
+deploy/gunicorn.conf.py), with `platform/` on sys.path."""
+
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+import django  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+
+# Requests whose thread-sensitive calls run on asgiref's process-wide sync thread (see below).
+THREADLESS_PREFIX = "/v1/"
+
+
+class PlatformASGIHandler(ASGIHandler):
+    """Django's ASGI handler, except that the inference API's requests get no thread of their own.
+
+    Django serves each request inside a ThreadSensitiveContext: the request's first thread-sensitive
+    sync call (request_started's receivers, the hooks of Django's own middleware) starts a thread
+    for it, which lives until the response ends: an idle thread per open stream. Requests under
+    /v1/ run those calls (brief, no I/O: the inference views touch neither session nor user) on
+    asgiref's one process-wide sync thread instead, and their blocking work on the gateway's thread
+    pool (gateway/offload.py). Other requests (the console and the management API, sync views)
+    keep a thread of their own, so a slow page never holds up another request.
+    """
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith(THREADLESS_PREFIX):
+            await self.handle(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
+# What django.core.asgi.get_asgi_application() does, with the handler above.
+django.setup(set_prefix=False)
+application = PlatformASGIHandler()
