@@ -80,7 +80,11 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 # longer contexts would starve concurrency.
                 "max_model_len": 8192,
                 # Decode is memory-bandwidth bound (~600 GB/s reads the weights once per step):
-                # 64 sequences per step amortise that read while the KV cache still fits.
+                # 64 sequences per step amortise that read while the KV cache still fits. From the
+                # roofline, not measured on an A10G (docs/gpu.md): ~8.5 GiB of KV cache holds ~100
+                # sequences of 8k tokens, so 64 never preempt at full length; 128 would add ~50% on
+                # short chats but preempt long ones. No FP8 KV cache: the H200 measured it slower,
+                # and 64 x 8k already fit.
                 "max_num_seqs": 64,
                 # One engine per GPU and nothing else on the card; 8% covers the CUDA context,
                 # activations and CUDA graph pools.
@@ -109,13 +113,19 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 # reads ~5.2 GB of weights instead of ~9.1 GB. Measured (docs/gpu.md): +14% at 1 and
                 # 8 streams, +6-11% at 32; at 128 streams within the run-to-run spread, the step
                 # there being bound by per-step work, not weight reads. An FP8 KV cache measured no
-                # gain up to 128 x 640 tokens and needs calibrated scales: not used.
+                # gain up to 128 x 640 tokens, was 5% slower at 256, and needs calibrated scales: not used.
                 "quantization": "fp8",
-                # 141 GB leaves ~120 GB of KV cache after the weights: 32k contexts for long
+                # 141 GB leaves ~110 GB of KV cache after the weights: 32k contexts for long
                 # documents and agents, still with room for 256 concurrent sequences.
                 "max_model_len": 32768,
-                # Measured on an H200 with a gemma-4-E4B-shaped model: throughput keeps growing
-                # with the batch (docs/gpu.md), KV room is ample.
+                # Measured on an H200 with a gemma-4-E4B-shaped model (docs/gpu.md, 2026-12-01):
+                # throughput grows with the batch up to ~256 (21.9k tok/s at 256 streams, 10.7 ms
+                # per token); 512 sequences gave the same tokens/s within the spread (21.5-23.1k vs
+                # 20.2-22.3k at 512 streams) at twice the time per token (19-22 ms). 256 keeps each
+                # stream near 90 tok/s and leaves the rest queued for admission and autoscaling.
+                # vLLM captures decode CUDA graphs for every batch up to 256 (and piecewise ones up
+                # to 512 tokens) by default: nothing to set. An FP8 KV cache was 5% slower at 256
+                # streams (11.8 vs 10.7 ms per token) and is not needed for room here.
                 "max_num_seqs": 256,
                 "gpu_memory_utilization": 0.92,
                 "enable_prefix_caching": True,

@@ -2,12 +2,14 @@
 # Runs ON the lent GPU machine, from the repository root (the device tool's working directory).
 #
 #   bash benchmarks/gpu/device.sh receive .gpN       # keep one carried wheel part in /tmp/parts
-#   bash benchmarks/gpu/device.sh bench [STAGE...]   # install once, then measure (default: profiles platform)
+#   bash benchmarks/gpu/device.sh bench [STAGE...]   # install once, then measure (default: platform)
 #
 # Wheel parts come from benchmarks/gpu/prepare.sh, one device call per part (a call carries at most
 # 64 MiB). A warm machine keeps /tmp between calls, not the carried folders; so each call must follow
-# the previous one within the machine's 30 s warm window. Stages: profiles, platform, compare, fusions,
-# variants (benchmarks/gpu/run.py).
+# the previous one within the machine's 30 s warm window. Stages: platform, profiles, compare, fusions,
+# variants, capacity (benchmarks/gpu/run.py). One call of about 600 s runs one stage from a cold start
+# (engines start in ~170-300 s, then measure one at a time); run the next stage in the next call, within
+# the 30 s warm window, so the wheels stay installed and the compile caches are reused.
 set -euo pipefail
 t0=$(date +%s)
 cmd=${1:-bench}
@@ -31,12 +33,12 @@ case "$cmd" in
     python3 -c 'import vllm, torch, django, celery; print("vllm", vllm.__version__, "torch", torch.__version__, "django", django.__version__)'
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
     stages=()
-    [ $# -gt 0 ] || set -- profiles platform
+    [ $# -gt 0 ] || set -- platform
     for s in "$@"; do stages+=(--stage "$s"); done
     python3 -m benchmarks.gpu.run "${stages[@]}" --deadline-s "$(( ${BENCH_BUDGET_S:-565} - ($(date +%s) - t0) ))"
     ;;
   *)
-    echo "usage: $0 receive DIR | bench [profiles|platform|compare|variants|fusions ...]" >&2
+    echo "usage: $0 receive DIR | bench [platform|profiles|compare|variants|fusions|capacity ...]" >&2
     exit 2
     ;;
 esac

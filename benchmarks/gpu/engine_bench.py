@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks.gpu import measure
-from benchmarks.gpu.plan import OUTPUT_TOKENS, ROUNDS, WARMUP_REQUESTS, WARMUP_TOKENS
+from benchmarks.gpu.plan import OUTPUT_TOKENS, WARMUP_REQUESTS, WARMUP_TOKENS, level_seconds
 
 
 def _resolved(engine) -> dict:
@@ -59,16 +59,32 @@ async def _one_request(engine, request_id: str, prompt: list[int], sampling) -> 
     return measure.RequestRecord(submitted, first, time.perf_counter(), tokens)
 
 
-async def run_level(engine, name: str, streams: int, rounds: int, prompts: list[list[int]], sampling):
-    async def stream(i: int) -> list[measure.RequestRecord]:
-        return [
-            await _one_request(engine, f"{name}-{streams}-{i}-{r}", prompts[i * rounds + r], sampling)
-            for r in range(rounds)
-        ]
+async def run_level(engine, name: str, streams: int, seconds: float, seed: int, high: int, sampling,
+                    max_requests: int | None = None):  # fmt: skip
+    async def one(i: int, n: int) -> measure.RequestRecord:
+        prompt = measure.prompt(seed + streams, i, n, high=high)
+        return await _one_request(engine, f"{name}-{streams}-{i}-{n}", prompt, sampling)
 
-    started = time.perf_counter()
-    per_stream = await asyncio.gather(*(stream(i) for i in range(streams)))
-    return measure.summarize(streams, [rec for recs in per_stream for rec in recs], started)
+    records, started, errors = await measure.drive(streams, seconds, one, max_requests)
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed at {streams} streams: {errors[0]}")
+    return measure.summarize(streams, records, started)
+
+
+def preemptions() -> float | None:
+    """vLLM's preemption counter (its Prometheus metric in this process), None where it has none."""
+    try:
+        from prometheus_client import REGISTRY
+
+        total = None
+        for metric in REGISTRY.collect():
+            if "num_preemptions" in metric.name:
+                for sample in metric.samples:
+                    if sample.name.endswith("_total") or sample.name == metric.name:
+                        total = (total or 0.0) + sample.value
+        return total
+    except Exception:
+        return None
 
 
 async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
@@ -95,16 +111,21 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
             result["waited_for_gpu_s"] = round(waited, 1)
             warm = SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
             high = spec.get("prompt_id_high", measure.PROMPT_ID_HIGH)
-            warm_prompts = measure.prompts(seed + 1, WARMUP_REQUESTS, high=high)
-            await run_level(engine, f"{name}-warmup", WARMUP_REQUESTS, 1, warm_prompts, warm)
+            await run_level(engine, f"{name}-warmup", WARMUP_REQUESTS, 0, seed + 1, high, warm, max_requests=1)
             sampling = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+            result["level_scale"] = scale = measure.read_scale(barrier)
             for streams in spec["levels"]:
-                rounds = ROUNDS.get(streams, 1)
-                level_prompts = measure.prompts(seed + streams, streams * rounds, high=high)
-                level = await run_level(engine, name, streams, rounds, level_prompts, sampling)
-                result["levels"].append(level.to_dict())
-                print(f"[{name}] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s "
-                      f"(ttft p50 {level.ttft_ms_p50} ms, tpot p50 {level.tpot_ms_p50} ms)", flush=True)  # fmt: skip
+                before = preemptions()
+                seconds = level_seconds(streams) * scale
+                level = (await run_level(engine, name, streams, seconds, seed, high, sampling)).to_dict()
+                after = preemptions()
+                level["target_s"] = round(seconds, 1)
+                level["preemptions"] = None if before is None or after is None else after - before
+                result["levels"].append(level)
+                print(f"[{name}] {streams:>4} streams: {level['tokens_per_s']:>9.1f} tok/s "
+                      f"over {level['wall_s']:.1f} s "
+                      f"(ttft p50 {level['ttft_ms_p50']} ms, tpot p50 {level['tpot_ms_p50']} ms, "
+                      f"batch {level['max_generating']}, preemptions {level['preemptions']})", flush=True)  # fmt: skip
     finally:
         engine.shutdown()
     return result

@@ -1,19 +1,22 @@
 """Load shapes and the numbers taken from them, shared by the engine and the platform measurements.
 
-A level is ``streams`` concurrent clients, each sending ``rounds`` requests one after the other
-(prompt ``PROMPT_TOKENS`` random token ids, ``OUTPUT_TOKENS`` generated with ``ignore_eos``).
+A level is ``streams`` concurrent clients, each sending requests one after the other (prompt
+``PROMPT_TOKENS`` random token ids, ``OUTPUT_TOKENS`` generated with ``ignore_eos``) for about the
+level's seconds (``plan.level_seconds``): a client sends another request only while the last one's
+duration still fits in the level's time, so the level ends close to it, tail included.
 Throughput is all generated tokens over the wall time from the first submission to the last token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
 import random
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +46,9 @@ class LevelResult:
     ttft_ms_p90: float | None
     tpot_ms_p50: float | None  # time per output token after the first, per request
     errors: int = 0
+    # Most requests generating at one moment (between first token and end): the batch the engine
+    # really ran, which max_num_seqs or a full KV cache (preemption) can hold below ``streams``.
+    max_generating: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -53,6 +59,53 @@ def prompts(seed: int, count: int, length: int = PROMPT_TOKENS, high: int = PROM
     ids below ``high``."""
     rng = random.Random(seed)
     return [[rng.randrange(PROMPT_ID_LOW, high) for _ in range(length)] for _ in range(count)]
+
+
+def prompt(seed: int, stream: int, index: int, length: int = PROMPT_TOKENS, high: int = PROMPT_ID_HIGH) -> list[int]:
+    """The ``index``-th prompt of client ``stream`` (deterministic, distinct between requests)."""
+    rng = random.Random(f"{seed}/{stream}/{index}")
+    return [rng.randrange(PROMPT_ID_LOW, high) for _ in range(length)]
+
+
+async def drive(streams: int, seconds: float, one_request: Callable[[int, int], Awaitable[RequestRecord]],
+                max_requests: int | None = None) -> tuple[list[RequestRecord], float, list[str]]:  # fmt: skip
+    """Run ``streams`` clients for about ``seconds``: client ``i`` awaits ``one_request(i, n)`` for
+    n = 0, 1, ... and starts another only while ``elapsed + its last request's duration`` stays within
+    ``seconds`` (every client sends at least one; at most ``max_requests`` each). A request that
+    raises is counted as an error and ends that client. Returns (records, start time, error texts)."""
+    records: list[RequestRecord] = []
+    errors: list[str] = []
+    started = time.perf_counter()
+
+    async def client(i: int) -> None:
+        n = 0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                records.append(await one_request(i, n))
+            except Exception as exc:  # counted and reported; the level's numbers say how many failed
+                errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            n += 1
+            now = time.perf_counter()
+            if (max_requests is not None and n >= max_requests) or now - started + (now - t0) > seconds:
+                return
+
+    await asyncio.gather(*(client(i) for i in range(streams)))
+    return records, started, errors
+
+
+def max_generating(records: list[RequestRecord]) -> int:
+    """Most requests between their first token and their end at one moment."""
+    events = sorted(
+        [(r.first_token, 1) for r in records if r.first_token is not None]
+        + [(r.finished, -1) for r in records if r.first_token is not None]
+    )
+    peak = now = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -84,6 +137,7 @@ def summarize(streams: int, records: list[RequestRecord], started: float, errors
         ttft_ms_p90=_round(_percentile(ttft, 90)),
         tpot_ms_p50=_round(_percentile(tpot, 50), 3),
         errors=errors,
+        max_generating=max_generating(records),
     )
 
 
@@ -103,6 +157,15 @@ def wait_for_start(barrier_dir: str | os.PathLike, name: str, ok: bool, timeout:
             return False
         time.sleep(0.5)
     return True
+
+
+def read_scale(barrier_dir: str | os.PathLike) -> float:
+    """The factor (at most 1) run.py wrote for every level's seconds, so that all measurements end
+    before the call's deadline after a slow start; 1 when none was written."""
+    try:
+        return max(0.05, min(1.0, float(Path(barrier_dir, "scale").read_text())))
+    except (OSError, ValueError):
+        return 1.0
 
 
 @contextmanager

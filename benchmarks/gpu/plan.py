@@ -19,10 +19,13 @@ from typing import Any
 
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 512
-# Streams (concurrent requests); each stream runs `rounds` requests one after another.
+# Streams (concurrent clients); each client sends requests one after another for the level's seconds.
 PROFILE_LEVELS = (1, 8, 32, 128)
-PLATFORM_LEVELS = (32, 128)
-ROUNDS = {1: 2, 8: 1, 32: 1, 128: 2}
+PLATFORM_LEVELS = (32, 128, 256, 512)
+CAPACITY_LEVELS = (256, 512)
+# Seconds per level. Up to 32 streams a few seconds repeat within 1% between runs; at 128 streams
+# and more a 4-8 s window varied by ±20% (DESIGN.md): those levels run 30 s.
+SHORT_LEVEL_S, LONG_LEVEL_S, LONG_FROM_STREAMS = 8.0, 30.0, 128
 WARMUP_REQUESTS = 4
 WARMUP_TOKENS = 32
 
@@ -74,7 +77,35 @@ H200_FUSION_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-STAGES = ("profiles", "platform", "compare", "variants", "fusions")
+# The capacity stage: the h200 profile at 256 and 512 streams, bare engine only. Each entry: engine
+# argument changes on top of h200, the levels, and whether the engine detokenizes.
+CAPACITY_KV_CACHE_BYTES = 10 * 2**30  # 366k tokens: 512 sequences of 640 tokens fit without preemption
+CAPACITY_RUNS: dict[str, tuple[dict[str, Any], tuple[int, ...], bool]] = {
+    # The profile as it is (max_num_seqs 256; vLLM captures CUDA graphs up to min(2 x 256, 512)).
+    "cap-h200": ({}, CAPACITY_LEVELS, False),
+    # Twice the batch, CUDA graphs captured up to 512 sequences (vLLM's cap).
+    "cap-seq512": ({"max_num_seqs": 512, "compilation_config": {"max_cudagraph_capture_size": 512}}, (512,), False),
+    # FP8 KV cache: twice the tokens in the same memory, if it costs no speed.
+    "cap-fp8kv": ({"kv_cache_dtype": "fp8"}, (256,), False),
+    # As the platform's worker runs: with the tokenizer, detokenizing every output.
+    "cap-h200-tok": ({}, (512,), True),
+    "cap-seq512-tok": ({"max_num_seqs": 512, "compilation_config": {"max_cudagraph_capture_size": 512}}, (512,), True),
+}
+
+STAGES = ("profiles", "platform", "compare", "variants", "fusions", "capacity")
+# What `device.sh bench` runs without arguments: the platform comparison alone fits one 600 s call
+# with a cold start (engine start ~170-300 s, then 2 x 98 s of levels); the others take a call each.
+DEFAULT_STAGES = ("platform",)
+
+
+def level_seconds(streams: int) -> float:
+    """How long a level runs (its clients stop sending once their next request would not fit)."""
+    return LONG_LEVEL_S if streams >= LONG_FROM_STREAMS else SHORT_LEVEL_S
+
+
+def planned_seconds(levels: tuple[int, ...] | list[int], warmup_s: float = 6.0) -> float:
+    """Seconds one engine's (or the platform's) measurement takes: warm-up and every level."""
+    return warmup_s + sum(level_seconds(n) for n in levels)
 
 
 @dataclass(frozen=True)
@@ -146,6 +177,16 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str) -> list[EngineRun]:
         runs = [stock_run(model_dir), profile_run("h200", model_dir)]
         fusions = H200_FUSION_VARIANTS.items()
         return runs + [profile_run("h200", model_dir, name, **changes) for name, changes in fusions]
+    if stage == "capacity":
+        runs = []
+        for name, (changes, levels, tokenizer) in CAPACITY_RUNS.items():
+            run = profile_run("h200", tok_model_dir if tokenizer else model_dir, name, tokenizer=tokenizer,
+                              levels=levels, **changes)  # fmt: skip
+            # Room for every running sequence (the other stages' 4 GiB holds 228 of 640 tokens).
+            kv = CAPACITY_KV_CACHE_BYTES if max(levels) > 256 and run.engine_args.get("max_num_seqs", 0) > 256 \
+                else CAPACITY_KV_CACHE_BYTES * 6 // 10  # fmt: skip
+            runs.append(EngineRun(name, {**run.engine_args, "kv_cache_memory_bytes": kv}, levels, run.description))
+        return runs
     raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
 
 

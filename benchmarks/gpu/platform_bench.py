@@ -35,9 +35,10 @@ MODEL_ID = "gemma-4-e4b"
 POOL = "gpu"
 TENANT = "bench"
 PROFILE = "h200"  # the default; --profile cpu runs the same path on a CPU machine (tests)
-# Open streams hold no web thread (ASGI); the web processes spread the relay's CPU work.
-WEB_CONCURRENCY = 4
-WORKER_THREADS = 192
+# Open streams hold no web thread (ASGI); 8 web processes spread the relay's CPU work. The
+# worker's Celery pool holds one thread per request.
+WEB_CONCURRENCY = 8
+WORKER_THREADS = 576
 
 
 class Stack:
@@ -188,34 +189,28 @@ async def _one_request(session, url: str, key: str, prompt: list[int], max_token
     return measure.RequestRecord(submitted, first, time.perf_counter(), tokens)
 
 
-async def run_level(base: str, key: str, streams: int, rounds: int, prompts, max_tokens: int):
+async def run_level(base: str, key: str, streams: int, seconds: float, seed: int, high: int, max_tokens: int,
+                    max_requests: int | None = None):  # fmt: skip
     import aiohttp
 
     url = f"{base}/v1/completions"
-    errors = []
     timeout = aiohttp.ClientTimeout(total=600)
     connector = aiohttp.TCPConnector(limit=streams + 8)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
 
-        async def stream(i: int) -> list[measure.RequestRecord]:
-            records = []
-            for r in range(rounds):
-                try:
-                    records.append(await _one_request(session, url, key, prompts[i * rounds + r], max_tokens))
-                except Exception as exc:  # counted and reported; the level's numbers say how many failed
-                    errors.append(f"{type(exc).__name__}: {exc}")
-            return records
+        async def one(i: int, n: int) -> measure.RequestRecord:
+            return await _one_request(session, url, key, measure.prompt(seed + streams, i, n, high=high), max_tokens)
 
-        started = time.perf_counter()
-        per_stream = await asyncio.gather(*(stream(i) for i in range(streams)))
-    result = measure.summarize(streams, [rec for recs in per_stream for rec in recs], started, errors=len(errors))
+        records, started, errors = await measure.drive(streams, seconds, one, max_requests)
+    result = measure.summarize(streams, records, started, errors=len(errors))
     return result, errors[:5]
 
 
 def bench(args) -> dict:
     result: dict = {"name": f"platform-{args.profile}", "profile": args.profile, "levels": [],
                     "worker_engine_overrides": args.worker_engine_args,
-                    "web_concurrency": WEB_CONCURRENCY, "worker_threads": WORKER_THREADS}  # fmt: skip
+                    "web_concurrency": WEB_CONCURRENCY,
+                    "worker_threads": WORKER_THREADS}  # fmt: skip
     stack = Stack(args)
     ready = False
     try:
@@ -239,16 +234,18 @@ def bench(args) -> dict:
             # thread serves one before the clock runs (the gateway loads the tokenizer on a
             # process's first request, seconds for a 262k vocabulary, holding up that process).
             warm_streams = max(args.levels)
-            warm = measure.prompts(args.seed + 1, warm_streams, high=args.prompt_id_high)
-            warm_level, _ = asyncio.run(run_level(stack.base, key, warm_streams, 1, warm, plan.WARMUP_TOKENS))
+            warm_level, _ = asyncio.run(run_level(stack.base, key, warm_streams, 0, args.seed + 1,
+                                                  args.prompt_id_high, plan.WARMUP_TOKENS, max_requests=1))  # fmt: skip
             result["warmup"] = warm_level.to_dict()
+            result["level_scale"] = scale = measure.read_scale(args.barrier)
             for streams in args.levels:
-                rounds = plan.ROUNDS.get(streams, 1)
-                prompts = measure.prompts(args.seed + streams, streams * rounds, high=args.prompt_id_high)
-                level, errors = asyncio.run(run_level(stack.base, key, streams, rounds, prompts, plan.OUTPUT_TOKENS))
-                result["levels"].append({**level.to_dict(), "error_samples": errors})
-                print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s "
-                      f"(ttft p50 {level.ttft_ms_p50} ms, errors {level.errors})", flush=True)  # fmt: skip
+                seconds = plan.level_seconds(streams) * scale
+                level, errors = asyncio.run(run_level(stack.base, key, streams, seconds, args.seed,
+                                                      args.prompt_id_high, plan.OUTPUT_TOKENS))  # fmt: skip
+                result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1), "error_samples": errors})
+                print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s over {level.wall_s:.1f} s "
+                      f"(ttft p50 {level.ttft_ms_p50} ms, batch {level.max_generating}, errors {level.errors})",
+                      flush=True)  # fmt: skip
     finally:
         stack.stop()
     return result

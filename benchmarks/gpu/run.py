@@ -5,7 +5,10 @@
 Stages (plan.py): ``profiles`` (stock vLLM, the h200 and a10g profiles, h200 without FP8, h200 with
 FP8 weights only), ``platform`` (the platform path and the bare engine it is compared with, plus a
 second stock and h200 sweep for the run-to-run spread), ``compare`` (stock and h200 alone),
-``variants`` (more single changes to h200), ``fusions`` (torch.compile fusion passes on h200).
+``variants`` (more single changes to h200), ``fusions`` (torch.compile fusion passes on h200),
+``capacity`` (h200 at 256 and 512 streams: max_num_seqs 512, FP8 KV cache, with and without
+detokenization). Every level runs for ``plan.level_seconds``, shortened by one common factor when a
+slow start leaves less time before the deadline.
 
 All engines of the given stages start at once, each in its own process (``engine_bench.py``,
 ``platform_bench.py``), so their compiles overlap; once all are up (or failed) they are measured one
@@ -39,7 +42,7 @@ LOCK = WORK / "gpu.lock"
 LOG_FACTS = re.compile(
     r"Using .* backend|[Aa]synchronous scheduling is|torch\.compile take|Compil(ing|ation) .* took|"
     r"[Cc]apturing CUDA graphs.*took|init engine .* took|Model loading took|Available KV cache memory|"
-    r"GPU KV cache size|Loading weights took|fp8|FP8|Error|error:"
+    r"GPU KV cache size|Loading weights took|fp8|FP8|Error|error:|[Pp]reempt"
 )
 
 
@@ -97,15 +100,29 @@ def _platform_argv(tok_dir: Path) -> list[str]:
             "--log-dir", str(LOGS)]  # fmt: skip
 
 
-def _release(procs: dict[str, subprocess.Popen], deadline: float) -> None:
+def level_scale(planned: dict[str, float], up: set[str], time_left: float, margin_s: float = 25.0) -> float:
+    """The factor for every level's seconds so that the measurements of the engines that are up
+    (``planned``: name -> seconds at full length) end ``margin_s`` before the deadline; at most 1."""
+    total = sum(seconds for name, seconds in planned.items() if name in up)
+    if total <= 0:
+        return 1.0
+    return round(max(0.05, min(1.0, (time_left - margin_s) / total)), 3)
+
+
+def _release(procs: dict[str, subprocess.Popen], deadline: float, planned: dict[str, float] | None = None) -> None:
     """Wait until every engine is up (or gone), then let them measure: the platform first, which
     stops its stack (gunicorn, Celery, PostgreSQL, Redis) when done, so that none of it runs beside
-    an engine being measured; then the engines, one at a time (they queue on the GPU lock)."""
+    an engine being measured; then the engines, one at a time (they queue on the GPU lock). Before
+    the go, writes the scale of the levels' seconds (``level_scale``): a slow start shortens the
+    levels rather than losing the engines measured last to the deadline."""
     released = False
     while time.time() < deadline and any(p.poll() is None for p in procs.values()):
         up = {f.name.rsplit(".", 1)[0] for f in BARRIER.iterdir() if f.suffix in (".ready", ".failed")}
         gone = {name for name, p in procs.items() if p.poll() is not None}
         if not released and set(procs) <= up | gone:
+            scale = level_scale(planned or {}, up, deadline - time.time())
+            (BARRIER / "scale").write_text(str(scale))
+            print(f"level seconds x {scale}", flush=True)
             (BARRIER / "go-platform").touch()
             released = True
             print(f"all up at {time.strftime('%H:%M:%S')} ({sorted(up)}); measuring one at a time", flush=True)
@@ -122,13 +139,16 @@ def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Pat
     shutil.rmtree(BARRIER, ignore_errors=True)
     BARRIER.mkdir(parents=True)
     procs: dict[str, subprocess.Popen] = {}
+    planned: dict[str, float] = {}
     for stage in stages:
         for run in plan.runs_for(stage, str(model_dir), str(tok_dir)):
             procs[run.name] = spawn(run.name, _engine_argv(run), {**env, **run.env})
+            planned[run.name] = plan.planned_seconds(run.levels)
         if stage == "platform":
             procs["platform"] = spawn("platform", _platform_argv(tok_dir), env)
+            planned["platform"] = plan.planned_seconds(plan.PLATFORM_LEVELS, warmup_s=15.0)
     print(f"started {', '.join(procs)} at {time.strftime('%H:%M:%S')}", flush=True)
-    _release(procs, deadline)
+    _release(procs, deadline, planned)
     for name, proc in procs.items():
         if proc.poll() is None:
             print(f"deadline: stopping {name}", flush=True)
@@ -182,7 +202,13 @@ def write_out(out: Path, results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stage", action="append", choices=plan.STAGES, default=[])
+    parser.add_argument(
+        "--stage",
+        action="append",
+        choices=plan.STAGES,
+        default=[],
+        help=f"stages to run (device.sh bench's default: {' '.join(plan.DEFAULT_STAGES)})",
+    )
     parser.add_argument("--deadline-s", type=float, default=540, help="stop waiting after this many seconds")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", WORK / "out")))
     args = parser.parse_args(argv)

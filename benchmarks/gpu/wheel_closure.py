@@ -1,11 +1,16 @@
-"""Download the wheels a requirement needs on the lent GPU machine that its image lacks.
+"""Download the wheels requirements need on the lent GPU machine that its image lacks.
 
     WHEEL_DIR=DIR python benchmarks/gpu/wheel_closure.py 'vllm==0.26.0' [names to skip...]
+    WHEEL_DIR=DIR python benchmarks/gpu/wheel_closure.py --prune -r requirements.txt 'vllm==0.26.0' [skip...]
 
-Walks the requirement's dependencies (CPython 3.12, manylinux x86_64 markers), skipping what the
-device image already has (KINDS.md's package list, below) and the names given after the
-requirement, and downloads one binary wheel of each into WHEEL_DIR. Adapted from the shared
-``../shared/gpu/wheel_closure.py`` so that a clean checkout has it.
+Walks each requirement's dependencies (CPython 3.12, manylinux x86_64 markers), skipping what the
+device image already has (KINDS.md's package list, below) and the names given after the first
+requirement, and downloads one binary wheel of each into WHEEL_DIR. ``-r FILE`` (repeatable) adds
+every requirement a pip requirements file lists at the time it runs (comments, options and lines
+whose markers do not hold on the device are left out), so a dependency added to requirements.txt
+travels without editing this script. ``--prune`` then deletes the wheels in WHEEL_DIR that are no
+longer part of the closure (an older pin left behind would put two versions in one install).
+Adapted from the shared ``../shared/gpu/wheel_closure.py`` so that a clean checkout has it.
 """
 
 from __future__ import annotations
@@ -77,9 +82,11 @@ def _metadata(wheel: str) -> str:
         return archive.read(name).decode()
 
 
-def closure(root: str, skip: set[str], out: str) -> dict[str, str | None]:
+def closure(roots: str | list[str], skip: set[str], out: str) -> dict[str, str | None]:
+    """One wheel per name for ``roots`` and everything they need (breadth first: the roots' own pins
+    win over a looser requirement of the same name found deeper)."""
     have = {canonicalize_name(name) for name in DEVICE_PACKAGES.split()} | skip
-    queue, seen = [Requirement(root)], {}
+    queue, seen = [Requirement(root) for root in ([roots] if isinstance(roots, str) else roots)], {}
     os.makedirs(out, exist_ok=True)
     while queue:
         requirement = queue.pop(0)
@@ -105,11 +112,51 @@ def closure(root: str, skip: set[str], out: str) -> dict[str, str | None]:
     return seen
 
 
-def main() -> int:
-    skip = {canonicalize_name(name) for name in sys.argv[2:]}
-    for wheel in closure(sys.argv[1], skip, os.environ.get("WHEEL_DIR", "wheels")).values():
-        if wheel:
-            print(f"{os.path.getsize(wheel) / 1e6:8.1f} MB  {os.path.basename(wheel)}")
+def requirements_in(text: str) -> list[str]:
+    """The requirements of a pip requirements file's ``text`` that apply on the device: comments,
+    blank lines and option lines (``-r``, ``--hash``, ``-c`` ...) dropped, continuation lines joined,
+    markers evaluated for CPython 3.12 on Linux x86_64 (a requirement whose marker fails is left out)."""
+    out = []
+    for line in text.replace("\\\n", " ").splitlines():
+        line = re.sub(r"(^|\s)#.*", "", line).strip()
+        if not line or line.startswith("-"):
+            continue
+        line = line.split(" --", 1)[0].strip()  # per-requirement options (--hash=...)
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate(dict(MARKER_ENV)):
+            requirement.marker = None
+            out.append(str(requirement))
+    return out
+
+
+def prune(out: str, keep: set[str]) -> list[str]:
+    """Delete the wheels in ``out`` that are not in ``keep`` (paths); returns the deleted names."""
+    keep_names = {os.path.basename(path) for path in keep}
+    stale = sorted(f for f in os.listdir(out) if f.endswith(".whl") and f not in keep_names)
+    for name in stale:
+        os.remove(os.path.join(out, name))
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    do_prune = "--prune" in args
+    args = [a for a in args if a != "--prune"]
+    roots: list[str] = []
+    while "-r" in args:
+        i = args.index("-r")
+        with open(args[i + 1]) as handle:
+            roots += requirements_in(handle.read())
+        del args[i : i + 2]
+    roots = args[:1] + roots
+    skip = {canonicalize_name(name) for name in args[1:]}
+    out = os.environ.get("WHEEL_DIR", "wheels")
+    wheels = {wheel for wheel in closure(roots, skip, out).values() if wheel}
+    for wheel in sorted(wheels):
+        print(f"{os.path.getsize(wheel) / 1e6:8.1f} MB  {os.path.basename(wheel)}")
+    if do_prune:
+        for name in prune(out, wheels):
+            print(f"removed {name} (no longer required)")
     return 0
 
 

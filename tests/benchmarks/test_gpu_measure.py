@@ -84,3 +84,55 @@ def test_run_releases_the_platform_first_and_the_engines_once_it_is_done(tmp_pat
     assert all(proc.wait(10) == 0 for proc in procs.values())
     platform_done = float((tmp_path / "platform.measured").read_text())
     assert all(float((tmp_path / f"{n}.measured").read_text()) > platform_done for n in ("stock", "h200"))
+
+
+def test_drive_keeps_clients_sending_while_the_next_request_fits_in_the_level():
+    import asyncio
+
+    async def one(i, n):
+        t0 = time.perf_counter()
+        await asyncio.sleep(0.1)
+        return measure.RequestRecord(t0, t0 + 0.01, time.perf_counter(), 5)
+
+    records, started, errors = asyncio.run(measure.drive(3, 0.45, one))
+    assert errors == [] and len(records) == 3 * 4  # 4 x 0.1 s fit in 0.45 s, a fifth would not
+    level = measure.summarize(3, records, started)
+    assert level.max_generating == 3 and level.wall_s < 0.45
+    once, _, _ = asyncio.run(measure.drive(2, 0, one))
+    assert len(once) == 2  # every client sends at least one request
+
+
+def test_drive_counts_a_failed_request_and_ends_that_client():
+    import asyncio
+
+    async def one(i, n):
+        if i == 1:
+            raise RuntimeError("HTTP 500")
+        return measure.RequestRecord(0.0, 0.1, 0.2, 1)
+
+    records, _, errors = asyncio.run(measure.drive(2, 0, one))
+    assert len(records) == 1 and errors == ["RuntimeError: HTTP 500"]
+
+
+def test_prompts_of_a_level_are_distinct_per_client_and_request():
+    prompts = {tuple(measure.prompt(1, i, n, high=1000)) for i in range(4) for n in range(3)}
+    assert len(prompts) == 12 and measure.prompt(1, 2, 1) == measure.prompt(1, 2, 1)
+
+
+def test_max_generating_counts_overlapping_generations_only():
+    records = [
+        measure.RequestRecord(0, 1, 3, 5),
+        measure.RequestRecord(0, 3, 4, 5),
+        measure.RequestRecord(0, None, 4, 0),
+    ]
+    assert measure.max_generating(records) == 1  # one ends as the next starts
+
+
+def test_the_level_scale_is_read_from_the_barrier(tmp_path):
+    from benchmarks.gpu import run
+
+    assert measure.read_scale(tmp_path) == 1.0
+    assert run.level_scale({"a": 100, "b": 100, "gone": 500}, {"a", "b"}, time_left=125) == 0.5
+    assert run.level_scale({"a": 100}, {"a"}, time_left=900) == 1.0
+    (tmp_path / "scale").write_text("0.5")
+    assert measure.read_scale(tmp_path) == 0.5

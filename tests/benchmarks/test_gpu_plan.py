@@ -72,3 +72,22 @@ def test_the_bench_kv_cache_holds_128_streams_of_prompt_and_output():
     tokens = plan.PROMPT_TOKENS + plan.OUTPUT_TOKENS
     per_sequence = (4 * tokens + 20 * min(tokens, 512 + 16)) * 2 * 256 * 2 * 2
     assert plan.BENCH_KV_CACHE_BYTES >= 1.2 * 128 * per_sequence
+
+
+def test_platform_levels_reach_512_streams_and_long_levels_run_30_s():
+    assert plan.PLATFORM_LEVELS == (32, 128, 256, 512)
+    assert [plan.level_seconds(n) for n in (1, 32, 128, 512)] == [8, 8, 30, 30]
+    # The default stage fits one 600 s call: ~300 s cold start, both sides' levels, install.
+    both_sides = plan.planned_seconds(plan.PLATFORM_LEVELS, warmup_s=15) + plan.planned_seconds(plan.PLATFORM_LEVELS)
+    assert plan.DEFAULT_STAGES == ("platform",) and 300 + both_sides + 40 < 565
+
+
+def test_capacity_runs_give_every_running_sequence_room():
+    runs = {run.name: run for run in plan.runs_for("capacity", "/m", "/t")}
+    assert runs["cap-h200"].levels == (256, 512) and runs["cap-seq512"].engine_args["max_num_seqs"] == 512
+    assert (
+        runs["cap-seq512"].engine_args["kv_cache_memory_bytes"] > runs["cap-h200"].engine_args["kv_cache_memory_bytes"]
+    )
+    assert runs["cap-fp8kv"].engine_args["kv_cache_dtype"] == "fp8"
+    assert "skip_tokenizer_init" not in runs["cap-h200-tok"].engine_args
+    assert runs["cap-h200"].engine_args["skip_tokenizer_init"] is True
