@@ -25,6 +25,10 @@ app.conf.update(
     # One task at a time per execution slot: a slot's concurrency is already the engine's batching;
     # prefetching more would hide a backlog from other workers of the pool and from fair share.
     worker_prefetch_multiplier=1,
+    # Tasks are acknowledged on receipt, which frees their prefetch slot at once: without this a
+    # worker whose every slot runs a request would still take more from the queue and hold them
+    # behind its own requests while another worker of the pool is idle.
+    worker_disable_prefetch=True,
     task_default_queue="control",
     task_serializer="json",
     accept_content=["json"],

@@ -1,15 +1,15 @@
 """One long-lived vLLM engine per worker process, usable from many threads at once.
 
-A Celery worker started with ``--pool threads`` runs each task in its own thread. vLLM's
-``AsyncLLM`` lives on an asyncio event loop; ``EngineHost`` runs that loop in a daemon thread
-and lets any thread submit a request (``asyncio.run_coroutine_threadsafe``) and iterate its
-output synchronously. All requests go to the same engine, so vLLM's continuous batching decodes
-them together (DESIGN.md: 17x the sequential throughput at 32 streams on the tiny model).
+vLLM's ``AsyncLLM`` lives on an asyncio event loop; ``EngineHost`` runs that loop in a daemon
+thread. All requests go to the same engine, so vLLM's continuous batching decodes them together
+(DESIGN.md: 17x the sequential throughput at 32 streams on the tiny model). Two ways in:
 
-Per-token work outside the engine is what costs throughput on a small machine, so the stream a
-thread reads is coalesced: at most one ``EngineChunk`` per ``flush_interval`` per request, the
-first and the last chunk without delay. The producer side (on the event loop) only appends to a
-buffer and wakes the reader when the buffer goes from empty to non-empty or the request ends.
+- ``submit(..., sink)``: the request's outputs are handed to ``sink`` on the event loop itself.
+  The GPU worker uses this (workers/relay.py): one coroutine relays every request in flight, so no
+  thread per request touches its tokens.
+- ``stream(...)``: an ``EngineStream`` a thread iterates (tests, tools). Coalesced: at most one
+  ``EngineChunk`` per ``flush_interval``, the first and the last chunk without delay; the loop only
+  appends to a buffer and wakes the reader when it waits for output or the request ends.
 
 Typical use::
 
@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from workers.profiles import engine_args_for, engine_env_for
 
@@ -78,6 +78,21 @@ class EngineDead(EngineError):
 
 class RequestRejected(EngineError, ValueError):
     """The engine refused the request itself (bad parameters, prompt too long): the client's fault."""
+
+
+class OutputSink(Protocol):
+    """Where ``EngineHost.submit`` delivers one request's outputs, on the engine's event loop.
+
+    ``push`` gets each engine output (new text and tokens, DELTA mode); ``end`` finishes the request
+    after an error, a cancellation, a shutdown, or (a no-op then) after the finished output. Neither
+    may block: they run between the engine's steps. ``abandoned`` set to true stops the request.
+    """
+
+    abandoned: bool
+
+    def push(self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None) -> None: ...
+
+    def end(self, finish_reason: str | None, error: BaseException | None = None) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +250,7 @@ class EngineStream(Iterator[EngineChunk]):
             # visible text wait a whole interval (clients measure time to first text).
             self._last_emit = time.monotonic()
         if chunk.finished:
-            self._host._forget(buf)
+            self._host._forget(buf.request_id, buf)
         if error is not None:
             raise error
         return chunk
@@ -263,7 +278,7 @@ class EngineStream(Iterator[EngineChunk]):
             unfinished = not self._buffer.finished
         if unfinished:
             self._host.abort(self.request_id)
-        self._host._forget(self._buffer)
+        self._host._forget(self.request_id, self._buffer)
 
     def __enter__(self) -> EngineStream:
         return self
@@ -337,7 +352,7 @@ class EngineHost:
         self._thread: threading.Thread | None = None
         self._engine: Any = None
         self._priority_scheduling = False
-        self._buffers: dict[str, _RequestBuffer] = {}
+        self._buffers: dict[str, OutputSink] = {}
         self._buffers_lock = threading.Lock()
         self.failure: str | None = None
 
@@ -351,6 +366,11 @@ class EngineHost:
     @property
     def ready(self) -> bool:
         return self._state == READY
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the engine runs on (None unless started); sinks are fed on it."""
+        return self._loop
 
     def _set_state(self, state: str) -> None:
         with self._state_lock:
@@ -435,8 +455,8 @@ class EngineHost:
             if self._state == STOPPED and self._engine is None:
                 return
             self._set_state(STOPPED)
-            for buf in self._take_all_buffers():
-                buf.end("abort", EngineNotReady("the engine was shut down"))
+            for sink in self._take_all_buffers():
+                self._end_on_loop(sink, EngineNotReady("the engine was shut down"))
             engine, self._engine = self._engine, None
             if engine is not None and self._loop is not None and not self._loop.is_closed():
                 # AsyncLLM.shutdown cancels its output task: run it on the loop that owns it.
@@ -447,6 +467,16 @@ class EngineHost:
                     logger.exception("vLLM engine shutdown failed")
             self._stop_loop()
             self._loop = self._thread = None
+
+    def _end_on_loop(self, sink: OutputSink, error: BaseException) -> None:
+        # Sinks are fed on the loop (a relay sink is not thread-safe): end them there, before the
+        # engine's shutdown runs; directly when the loop is gone.
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            with contextlib.suppress(RuntimeError):  # closed meanwhile
+                loop.call_soon_threadsafe(sink.end, "abort", error)
+                return
+        sink.end("abort", error)
 
     @staticmethod
     async def _shutdown_engine(engine: Any, timeout: float) -> None:
@@ -467,13 +497,28 @@ class EngineHost:
         params: Mapping[str, Any] | None = None,
         flush_interval: float = 0.02,
     ) -> EngineStream:
-        """Submit a request now and return its chunks (see ``EngineChunk``).
+        """Submit a request now and return its chunks (see ``EngineChunk``), for a reader thread.
+
+        Raises like ``submit``; errors the engine reports later are raised by the iteration.
+        """
+        buf = _RequestBuffer(request_id, len(prompt_token_ids), time.monotonic())
+        self.submit(request_id, prompt_token_ids, params, buf)
+        return EngineStream(self, buf, flush_interval)
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: Mapping[str, Any] | None,
+        sink: OutputSink,
+    ) -> concurrent.futures.Future:
+        """Submit a request whose outputs go to ``sink``, on the engine's event loop; thread-safe.
 
         ``params`` keys, all optional: max_tokens, temperature, top_p, top_k, stop (list of
         strings), seed, ignore_eos, presence_penalty, frequency_penalty, priority (int, used only
         under the engine's priority scheduling policy), cache_salt (str, per tenant). Raises
-        ``RequestRejected`` for bad parameters and ``EngineNotReady`` unless the engine is ready;
-        errors the engine reports later are raised by the iteration.
+        ``RequestRejected`` for bad parameters and ``EngineNotReady`` unless the engine is ready.
+        Cancelling the returned future aborts the request; the sink then ends with ``abort``.
         """
         params = dict(params or {})
         sampling_params = _build_sampling_params(params)
@@ -489,29 +534,29 @@ class EngineHost:
         loop = self._loop
         if self._state != READY or loop is None:
             raise EngineNotReady(f"the engine is not ready (state {self._state!r})")
-        buf = _RequestBuffer(request_id, len(token_ids), time.monotonic())
         with self._buffers_lock:
             if request_id in self._buffers:
                 raise RequestRejected(f"request id {request_id!r} is already in flight")
-            self._buffers[request_id] = buf
+            self._buffers[request_id] = sink
         extra = {"priority": int(params.get("priority") or 0)} if self._priority_scheduling else {}
-        asyncio.run_coroutine_threadsafe(self._produce(buf, prompt, sampling_params, extra), loop)
-        return EngineStream(self, buf, flush_interval)
+        return asyncio.run_coroutine_threadsafe(self._produce(request_id, sink, prompt, sampling_params, extra), loop)
 
-    async def _produce(self, buf: _RequestBuffer, prompt: dict, sampling_params: Any, extra: dict) -> None:
-        """Runs on the event loop: feeds one request's engine outputs into its buffer."""
-        outputs = self._engine.generate(prompt, sampling_params, buf.request_id, **extra)
+    async def _produce(
+        self, request_id: str, sink: OutputSink, prompt: dict, sampling_params: Any, extra: dict
+    ) -> None:
+        """Runs on the event loop: feeds one request's engine outputs into its sink."""
+        outputs = self._engine.generate(prompt, sampling_params, request_id, **extra)
         try:
             async for output in outputs:
                 completion = output.outputs[0]
-                buf.push(completion.text, list(completion.token_ids), output.finished, completion.finish_reason)
+                sink.push(completion.text, list(completion.token_ids), output.finished, completion.finish_reason)
                 # A reader that left before the request reached the engine was not covered by its
                 # abort(): stop here; closing the generator makes vLLM abort the request.
-                if output.finished or buf.abandoned:
+                if output.finished or sink.abandoned:
                     break
             await outputs.aclose()
         except asyncio.CancelledError:
-            buf.end("abort")
+            sink.end("abort")
             raise
         except Exception as exc:
             error = _classify(exc)
@@ -519,9 +564,11 @@ class EngineHost:
             if isinstance(error, EngineDead):
                 self.failure = str(error)
                 self._set_state(FAILED)
-            buf.end("abort", error)
+            sink.end("abort", error)
         else:
-            buf.end("abort")  # the engine ended the stream without a finished output
+            sink.end("abort")  # a no-op after the finished output; else the engine ended the stream early
+        finally:
+            self._forget(request_id, sink)
 
     def abort(self, request_id: str) -> None:
         """Abort a request (no-op if unknown or finished); its stream ends with ``abort``."""
@@ -542,12 +589,12 @@ class EngineHost:
 
         return asyncio.run_coroutine_threadsafe(count(), loop).result(timeout=10)
 
-    def _forget(self, buf: _RequestBuffer) -> None:
+    def _forget(self, request_id: str, sink: OutputSink) -> None:
         with self._buffers_lock:
-            if self._buffers.get(buf.request_id) is buf:  # not a later request reusing the id
-                del self._buffers[buf.request_id]
+            if self._buffers.get(request_id) is sink:  # not a later request reusing the id
+                del self._buffers[request_id]
 
-    def _take_all_buffers(self) -> list[_RequestBuffer]:
+    def _take_all_buffers(self) -> list[OutputSink]:
         with self._buffers_lock:
             buffers = list(self._buffers.values())
             self._buffers.clear()

@@ -6,7 +6,6 @@ no engine. The engine starts in `celeryd_after_setup`, before the worker consume
 worker never takes a task it cannot run.
 """
 
-import contextlib
 import logging
 import os
 import socket
@@ -21,19 +20,20 @@ from django.conf import settings
 from config.redis_client import REDIS_UNAVAILABLE
 from workers import protocol
 from workers.celery_app import app
-from workers.protocol import RequestInput, Usage
+from workers.engine import EngineHost
+from workers.protocol import RequestInput
+from workers.relay import EventRelay, relay_client
 from workers.threadpools import prestart_threads
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 2.0
-CANCEL_CHECK_SECONDS = 0.25
-# However many requests are in flight, a stream still gets an event at least this often.
-FLUSH_INTERVAL_CAP_SECONDS = 0.25
-# How long a request's writes to Redis are retried through an outage (a restart, a failover)
-# before giving up: its token events, then (much longer) its done event and usage entry.
+# How long claiming a request (taking its input) is retried through a Redis outage.
 REDIS_RETRY_SECONDS = 30.0
-USAGE_RETRY_SECONDS = 600.0
+# Connections the worker's synchronous Redis client keeps beyond one per task thread (heartbeat,
+# drain, stop); a thread that finds all busy waits up to REDIS_POOL_WAIT_SECONDS for one.
+REDIS_SPARE_CONNECTIONS = 8
+REDIS_POOL_WAIT_SECONDS = 20
 
 
 def _env_number(name: str, default: str, high: float) -> float:
@@ -51,8 +51,8 @@ def _through_outage(call, *, seconds: float, what: str):
     """``call()``, retried with backoff while Redis is unreachable, for at most ``seconds``.
 
     redis-py retries a command on a connection it already has, but not a failure to get one (a
-    server that is restarting resets new connections), so a worker thread writing when Redis
-    restarts would otherwise lose the write, and with it a stream's end or a request's usage.
+    server that is restarting resets new connections), so a task claiming a request while Redis
+    restarts would otherwise fail and leave the request unclaimed until the gateway gives it up.
     """
     deadline = time.monotonic() + seconds
     pause = 0.05
@@ -67,62 +67,9 @@ def _through_outage(call, *, seconds: float, what: str):
             pause = min(pause * 2, 2.0)
 
 
-class RequestEvents:
-    """The worker's side of one request's event stream (the gateway relays it to the client).
-
-    Entries are numbered 1-0, 2-0, ... by the worker, so a write retried after Redis executed it but
-    the reply was lost (a restart between the two) is refused as a duplicate instead of appended
-    twice: the client never sees a piece of text twice.
-    """
-
-    def __init__(self, client: redis.Redis, rid: str):
-        self.client, self.rid, self.key, self.count = client, rid, protocol.events_key(rid), 0
-
-    def _next_id(self) -> str:
-        self.count += 1
-        return f"{self.count}-0"
-
-    def append(self, fields: dict) -> None:
-        entry_id = self._next_id()
-
-        def write():
-            try:
-                self.client.xadd(self.key, fields, id=entry_id)
-            except redis.ResponseError as exc:
-                _raise_unless_written(exc)
-
-        _through_outage(write, seconds=REDIS_RETRY_SECONDS, what=f"writing an event of {self.rid}")
-
-    def finish(self, usage: Usage) -> None:
-        """The done event and the durable usage entry, written together (MULTI/EXEC) or not at all."""
-        entry_id = self._next_id()
-
-        def write():
-            pipe = self.client.pipeline(transaction=True)
-            pipe.xadd(self.key, {"t": "done", "u": usage.dumps()}, id=entry_id)
-            pipe.expire(self.key, protocol.REQUEST_TTL)
-            pipe.hset(protocol.LEDGER_PENDING, self.rid, usage.dumps())  # a second HSET is harmless
-            for result in pipe.execute(raise_on_error=False):
-                if isinstance(result, redis.ResponseError):
-                    _raise_unless_written(result)
-
-        try:
-            _through_outage(write, seconds=USAGE_RETRY_SECONDS, what=f"recording the usage of {self.rid}")
-        except REDIS_UNAVAILABLE:
-            # Nothing left to write it to: the log line carries the entry for an operator to replay.
-            log.error("usage of %s NOT recorded (Redis unreachable): %s", self.rid, usage.dumps())
-            raise
-
-
-def _raise_unless_written(error: redis.ResponseError) -> None:
-    # XADD with an id at or below the stream's last one: this entry was written by an earlier try.
-    if "equal or smaller than the target stream top item" not in str(error):
-        raise error
-
-
 def _flush_interval_seconds() -> float:
-    """WORKER_FLUSH_INTERVAL_MS (default 20): the shortest interval between two delta events of one
-    request (the first and the last go out at once)."""
+    """WORKER_FLUSH_INTERVAL_MS (default 20): the shortest interval between two flushes of the
+    relay (a request's first text and its end go out at once; workers/relay.py)."""
     return _env_number("WORKER_FLUSH_INTERVAL_MS", "20", 1000) / 1000
 
 
@@ -130,32 +77,57 @@ def _flush_events_per_second() -> float:
     """WORKER_FLUSH_EVENTS_PER_SECOND (default 250, 0 = off): a budget for the delta events of all the
     requests in flight together. Every event costs an XADD here and, in the gateway, a stream read, an
     SSE frame and a socket write: that per-event work, not the engine, bounded the platform at 32+
-    streams (docs/benchmarks.md). So a request's interval grows with the requests in flight
+    streams (docs/benchmarks.md). So the relay's interval grows with the requests in flight
     (in flight / budget, never below WORKER_FLUSH_INTERVAL_MS): smooth streams when few run, a few
     tokens per event when many do. Measured on 2 cores at 64 streams: 20 ms fixed 1,325 tok/s, 100 ms
     fixed 3,120."""
     return _env_number("WORKER_FLUSH_EVENTS_PER_SECOND", "250", 1_000_000)
 
 
-class WorkerRuntime:
-    def __init__(self, *, name: str, model: str, model_path: str, pool: str, profile: str, slots: int = 0):
-        from workers.engine import EngineHost
+def _worker_redis(slots: int) -> redis.Redis:
+    """The worker's synchronous client: a bounded pool sized from the task threads, whose callers
+    wait for a connection (a burst never gets "Too many connections")."""
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.REDIS_URL,
+        decode_responses=True,
+        health_check_interval=30,
+        max_connections=max(slots, 1) + REDIS_SPARE_CONNECTIONS,
+        timeout=REDIS_POOL_WAIT_SECONDS,
+    )
+    return redis.Redis(connection_pool=pool)
 
+
+class WorkerRuntime:
+    """One GPU worker: its engine, the relay of its requests into Redis, heartbeat and drain.
+
+    ``run_request`` runs in a Celery task thread: it claims the request and waits (doing nothing
+    per token) until the relay has written its end. ``slots`` is the worker's Celery concurrency:
+    the requests it runs at once, which the gateway's fair share counts on.
+    """
+
+    def __init__(
+        self, *, name: str, model: str, model_path: str, pool: str, profile: str, slots: int = 0,
+        engine: EngineHost | None = None,
+    ):  # fmt: skip
         self.name = name
         self.model = model
         self.pool = pool
-        self.slots = slots  # requests this worker runs at once (its Celery concurrency): the gateway's fair share
+        self.slots = slots
         self.pod = os.environ.get("POD_NAME") or socket.gethostname()
-        self.redis = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, health_check_interval=30)
-        self.engine = EngineHost(model_path, profile=profile, served_model_name=model)
+        self.redis = _worker_redis(slots)
+        self.engine = engine or EngineHost(model_path, profile=profile, served_model_name=model)
+        self.relay = EventRelay(
+            self.engine,
+            relay_client(settings.REDIS_URL),
+            worker=name,
+            flush_interval=_flush_interval_seconds(),
+            flush_events_per_second=_flush_events_per_second(),
+        )
         self.state = "starting"
         self._in_flight = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._consuming = True
-        self._tokens_total = 0  # completion tokens generated, for the tokens/s the heartbeat reports
-        self.flush_interval = _flush_interval_seconds()
-        self.flush_events_per_second = _flush_events_per_second()
         self._rate_mark = (time.monotonic(), 0)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -163,6 +135,7 @@ class WorkerRuntime:
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
         try:
             self.engine.start()
+            self.relay.start()
         except Exception:
             self.state = "failed"
             self._beat()
@@ -194,7 +167,7 @@ class WorkerRuntime:
                 log.warning("heartbeat: Redis unavailable", exc_info=True)
 
     def _tokens_per_second(self) -> float:
-        now, total = time.monotonic(), self._tokens_total
+        now, total = time.monotonic(), self.relay.tokens_total
         then, before = self._rate_mark
         self._rate_mark = (now, total)
         return round((total - before) / (now - then), 2) if now > then else 0.0
@@ -233,81 +206,24 @@ class WorkerRuntime:
 
     # -- requests ----------------------------------------------------------------------------
     def run_request(self, rid: str) -> None:
+        """Claim the request and wait until the relay has written its end (and usage) to Redis."""
         # Claim the request by taking its input: if the gateway already gave up, it deleted the
         # input (and recorded the request itself), so there is nothing to do.
-        raw = self.redis.getdel(protocol.input_key(rid))
+        raw = _through_outage(
+            lambda: self.redis.getdel(protocol.input_key(rid)), seconds=REDIS_RETRY_SECONDS, what=f"claiming {rid}"
+        )
         if raw is None:
             return
-        request = RequestInput.loads(raw)
-        started = time.time()
-        # Claimed: from here on the request must reach its done event, through an outage too.
-        events = RequestEvents(self.redis, rid)
-        events.append({"t": "start", "w": self.name})
         with self._lock:
             self._in_flight += 1
-        usage = Usage(
-            request_id=rid,
-            tenant_id=request.tenant_id,
-            key_id=request.key_id,
-            model=request.model,
-            prompt_tokens=len(request.prompt_token_ids),
-            queue_ms=max(0, int((started - request.enqueued_at) * 1000)),
-            worker=self.name,
-        )
         try:
-            self._generate(request, usage, events)
-        except Exception as exc:  # the stream must end with an explicit event, whatever happened
-            log.exception("request %s failed", rid)
-            usage.status = "error"
-            with contextlib.suppress(*REDIS_UNAVAILABLE):  # the done event below still ends the stream
-                events.append({"t": "error", "m": f"engine error: {exc}", "c": "engine_error"})
+            # Claimed: the relay brings it to its done entry, through a Redis outage too.
+            self.relay.run(RequestInput.loads(raw)).result()
         finally:
-            try:
-                usage.finished_at = time.time()
-                usage.total_ms = max(0, int((usage.finished_at - request.enqueued_at) * 1000))
-                events.finish(usage)
-            finally:
-                # Only after the done event is written: a drain that sees nothing in flight must
-                # not let the pod stop before the last stream has its end.
-                with self._lock:
-                    self._in_flight -= 1
-
-    def _generate(self, request: RequestInput, usage: Usage, events: RequestEvents) -> None:
-        rid = request.request_id
-        next_cancel_check = 0.0
-        params = dict(request.params, cache_salt=request.cache_salt) if request.cache_salt else request.params
-        stream = self.engine.stream(
-            rid, request.prompt_token_ids, params, flush_interval=self._request_flush_interval()
-        )
-        try:
-            for chunk in stream:
-                if chunk.ttft is not None and usage.ttft_ms is None:
-                    usage.ttft_ms = int(chunk.ttft * 1000)
-                usage.completion_tokens += chunk.token_count
-                self._tokens_total += chunk.token_count
-                if chunk.finished:
-                    usage.finish_reason = chunk.finish_reason
-                if chunk.text or chunk.token_count:
-                    # While this waits out an outage the engine keeps generating; the next chunk
-                    # carries everything generated meanwhile.
-                    events.append({"t": "delta", "x": chunk.text, "n": chunk.token_count})
-                now = time.monotonic()
-                if now >= next_cancel_check and not chunk.finished:
-                    next_cancel_check = now + CANCEL_CHECK_SECONDS
-                    cancelled = _through_outage(lambda: self.redis.exists(protocol.cancel_key(rid)),
-                                                seconds=REDIS_RETRY_SECONDS, what=f"checking {rid}")  # fmt: skip
-                    if cancelled:
-                        usage.status, usage.finish_reason = "cancelled", "abort"
-                        break  # closing the stream aborts the request in the engine
-        finally:
-            stream.close()
-
-    def _request_flush_interval(self) -> float:
-        """The coalescing interval for a request starting now (see _flush_events_per_second)."""
-        if not self.flush_events_per_second:
-            return self.flush_interval
-        budgeted = min(self._in_flight / self.flush_events_per_second, FLUSH_INTERVAL_CAP_SECONDS)
-        return max(self.flush_interval, budgeted)
+            # Only after the done entry is written: a drain that sees nothing in flight must not
+            # let the pod stop before the last stream has its end.
+            with self._lock:
+                self._in_flight -= 1
 
 
 _runtime: WorkerRuntime | None = None

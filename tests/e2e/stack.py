@@ -192,40 +192,68 @@ def requests_in_flight(stack: Stack, pool: str = POOL) -> int:
     return sum(int(client.hget(protocol.worker_key(name), "in_flight") or 0) for name in names)
 
 
+class PausedEngine:
+    """A worker's engine processes, stopped with SIGSTOP; ``resumed()`` lets them run for a while."""
+
+    def __init__(self, processes: list) -> None:
+        self.processes = processes
+
+    def suspend(self) -> None:
+        for process in self.processes:
+            process.suspend()
+
+    def resume(self) -> None:
+        for process in self.processes:
+            process.resume()
+
+    @contextlib.contextmanager
+    def resumed(self):
+        self.resume()
+        try:
+            yield
+        finally:
+            self.suspend()
+
+
 @contextlib.contextmanager
 def engine_paused(stack: Stack, worker: str = "worker-e2e"):
     """The worker's engine stopped (SIGSTOP) inside the block: requests are taken but make no progress."""
-    processes = engine_processes(stack, worker)
-    assert processes, f"no vLLM engine process under {worker}"
-    for process in processes:
-        process.suspend()
+    engine = PausedEngine(engine_processes(stack, worker))
+    assert engine.processes, f"no vLLM engine process under {worker}"
+    engine.suspend()
     try:
-        yield
+        yield engine
     finally:
-        for process in processes:
-            process.resume()
+        engine.resume()
 
 
 def disconnect_mid_stream(stack: Stack, key: str, body: dict) -> httpx.Headers:
-    """Stream a chat completion and go away right after its opening chunk, while the worker runs it;
-    return the reply's headers once the gateway has told the worker to stop.
+    """Stream a chat completion and go away while the worker generates it; return the reply's
+    headers once the gateway has told the worker to stop.
 
-    The engine is paused meanwhile: left running, it can finish a short request before a client on a
-    loaded machine has read the first line, and the client then leaves a request that already ended.
+    The engine is paused except while it makes the request's first tokens: left running, it can
+    finish a short request before a client on a loaded machine has read the first line, and the
+    client then leaves a request that already ended; paused throughout, the worker stops the request
+    before it generated anything, and there is nothing to bill.
     """
     import redis
 
     from workers import protocol
 
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
-    with engine_paused(stack):
+
+    def relayed(kind: str, request_id: str):
+        return lambda: any(f["t"] == kind for _, f in client.xrange(protocol.events_key(request_id)))
+
+    with engine_paused(stack) as engine:
         with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=dict(body, stream=True),
                           headers={"Authorization": f"Bearer {key}"}, timeout=60) as response:  # fmt: skip
             assert response.status_code == 200, response.read()
             headers, request_id = response.headers, response.headers["x-request-id"]
             next(line for line in response.iter_lines() if line.startswith("data: {"))  # the role chunk
-            wait_until(lambda: any(f["t"] == "start" for _, f in client.xrange(protocol.events_key(request_id))),
-                  "the worker never took the request")  # fmt: skip
+            wait_until(relayed("start", request_id), "the worker never took the request")
+            with engine.resumed():
+                wait_until(relayed("delta", request_id), "the engine generated nothing")
         # The gateway notices the client is gone at its next keep-alive write.
         wait_until(lambda: client.exists(protocol.cancel_key(request_id)), "the gateway never cancelled the request")
     return headers

@@ -1,9 +1,15 @@
-"""A worker's writes to Redis wait out an outage (workers/serving.py `_through_outage`)."""
+"""A worker's Redis calls wait out an outage: claiming a request (workers/serving.py `_through_outage`)
+and the relay's writes (workers/relay.py), which a lost reply never doubles."""
+
+import asyncio
+import os
 
 import pytest
 import redis
 
-from workers import serving
+from workers import protocol, serving
+from workers.protocol import RequestInput, Usage
+from workers.relay import EventRelay, RelayedRequest, relay_client
 
 
 def _flaky(failures: int):
@@ -40,54 +46,55 @@ def test_other_errors_are_not_retried():
         serving._through_outage(call, seconds=30, what="testing")
 
 
-class _ReplyLost:
-    """A Redis client whose first XADD (or EXEC) reaches the server but whose reply is lost."""
+class _ReplyLostOnce:
+    """An async client whose first EXEC reaches Redis but whose reply is lost (a restart between)."""
 
     def __init__(self, client):
         self.client, self.lost = client, False
 
-    def _lose_once(self, result):
-        if not self.lost:
-            self.lost = True
-            raise redis.ConnectionError("Connection closed by server.")
-        return result
-
-    def xadd(self, *args, **kwargs):
-        return self._lose_once(self.client.xadd(*args, **kwargs))
-
     def pipeline(self, **kwargs):
-        pipe, lose = self.client.pipeline(**kwargs), self._lose_once
+        pipe, outer = self.client.pipeline(**kwargs), self
         execute = pipe.execute
-        pipe.execute = lambda **kw: lose(execute(**kw))
+
+        async def losing_execute(**kw):
+            result = await execute(**kw)
+            if not outer.lost:
+                outer.lost = True
+                raise redis.ConnectionError("Connection closed by server.")
+            return result
+
+        pipe.execute = losing_execute
         return pipe
 
-
-def _usage(rid: str):
-    from workers.protocol import Usage
-
-    return Usage(request_id=rid, tenant_id=1, key_id=1, model="m", prompt_tokens=3, completion_tokens=2)
+    def __getattr__(self, name):
+        return getattr(self.client, name)
 
 
-def test_an_event_retried_after_its_reply_was_lost_is_written_once(redis_client, monkeypatch):
-    from workers import protocol
+@pytest.mark.asyncio
+async def test_a_flush_retried_after_its_reply_was_lost_is_written_once(redis_client, monkeypatch):
+    from workers import relay as relay_module
 
-    monkeypatch.setattr(serving.time, "sleep", lambda seconds: None)
-    events = serving.RequestEvents(_ReplyLost(redis_client), "cmpl-1")
-    events.append({"t": "delta", "x": "Hello", "n": "1"})
-    events.append({"t": "delta", "x": " world", "n": "1"})
+    monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
+    relay = EventRelay(
+        None, _ReplyLostOnce(relay_client(os.environ["REDIS_URL"])), worker="w-test",
+        flush_interval=0.02, flush_events_per_second=0,
+    )  # fmt: skip
+    await relay._start()
+    request = RequestInput(
+        request_id="cmpl-lost", model="m", prompt_token_ids=[2, 3, 4], params={}, tenant_id=1, key_id=1, enqueued_at=0.0
+    )
+    job = RelayedRequest(request, Usage(request_id=request.request_id, tenant_id=1, key_id=1, model="m"), relay)
+    try:
+        job.push("Hello", [5], False, None)
+        await asyncio.wait_for(relay.flush([job]), 30)  # its reply is lost: retried, refused as a duplicate
+        job.push(" world", [6], True, "length")
+        await asyncio.wait_for(relay.flush([job]), 30)
+    finally:
+        await relay.stop()
 
-    entries = redis_client.xrange(protocol.events_key("cmpl-1"))
-    assert [fields["x"] for _, fields in entries] == ["Hello", " world"]  # not "Hello" twice
-
-
-def test_a_done_event_retried_after_its_reply_was_lost_is_written_once(redis_client, monkeypatch):
-    from workers import protocol
-
-    monkeypatch.setattr(serving.time, "sleep", lambda seconds: None)
-    events = serving.RequestEvents(_ReplyLost(redis_client), "cmpl-2")
-    events.finish(_usage("cmpl-2"))
-
-    entries = redis_client.xrange(protocol.events_key("cmpl-2"))
-    assert [fields["t"] for _, fields in entries] == ["done"]
-    assert redis_client.hexists(protocol.LEDGER_PENDING, "cmpl-2")
-    assert redis_client.ttl(protocol.events_key("cmpl-2")) > 0
+    events = [fields for _, fields in redis_client.xrange(protocol.events_key(request.request_id))]
+    assert [(event["t"], event.get("x")) for event in events] == [
+        ("start", None), ("delta", "Hello"), ("delta", " world"), ("done", None),
+    ]  # fmt: skip
+    assert Usage.loads(redis_client.hget(protocol.LEDGER_PENDING, request.request_id)).completion_tokens == 2
+    assert job.done.done()

@@ -9,7 +9,7 @@ from workers.engine import EngineStream, _RequestBuffer
 
 def _stream(flush_interval: float) -> tuple[_RequestBuffer, EngineStream]:
     buffer = _RequestBuffer("r-1", prompt_tokens=3, submitted_at=time.monotonic())
-    host = SimpleNamespace(_forget=lambda buf: None)  # the stream only tells its host when it ends
+    host = SimpleNamespace(_forget=lambda request_id, buf: None)  # the stream only tells its host when it ends
     return buffer, EngineStream(host, buffer, flush_interval)
 
 

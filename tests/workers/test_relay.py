@@ -1,0 +1,173 @@
+"""The worker's relay (workers/relay.py) on the real engine (CPU, tiny model) and real Redis.
+
+What it must hold: every request in flight is relayed from the engine's event loop, several
+requests per pipelined write, with no thread per request; streams are complete and in order; a
+cancelled request stops and is billed for what it generated; a refused one still ends; a burst on
+a worker with default settings never runs out of Redis connections.
+"""
+
+import asyncio
+import os
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor, wait
+
+import pytest
+
+from workers import protocol
+from workers.protocol import RequestInput, Usage
+from workers.relay import EventRelay, relay_client
+
+pytestmark = pytest.mark.engine
+
+GREEDY = {"temperature": 0.0, "ignore_eos": True}
+
+
+def _request(prompt_ids, max_tokens: int, **params) -> RequestInput:
+    return RequestInput(
+        request_id=f"cmpl-{uuid.uuid4().hex[:12]}",
+        model="tiny-gemma4",
+        prompt_token_ids=list(prompt_ids),
+        params=dict(GREEDY, max_tokens=max_tokens, **params),
+        tenant_id=1,
+        key_id=1,
+        enqueued_at=0.0,
+        cache_salt="tenant-1",
+    )
+
+
+class _RecordingClient:
+    """The relay's real async client, recording which thread runs each pipeline and what it holds."""
+
+    def __init__(self, client):
+        self.client, self.pipelines = client, []
+
+    def pipeline(self, **kwargs):
+        pipe, record = self.client.pipeline(**kwargs), self.pipelines
+        execute = pipe.execute
+
+        async def recorded_execute(**kw):
+            keys = {args[1] for args, _ in pipe.command_stack if args[0] == "XADD"}
+            record.append((threading.get_ident(), keys))
+            return await execute(**kw)
+
+        pipe.execute = recorded_execute
+        return pipe
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+@pytest.fixture
+def relay(engine_host, redis_client):
+    relay = EventRelay(
+        engine_host,
+        _RecordingClient(relay_client(os.environ["REDIS_URL"])),
+        worker="w-test",
+        flush_interval=0.02,
+        flush_events_per_second=250,
+    )
+    relay.start()
+    yield relay
+    asyncio.run_coroutine_threadsafe(relay.stop(), engine_host.loop).result(timeout=30)
+
+
+def _events(redis_client, rid: str) -> list[dict]:
+    return [fields for _, fields in redis_client.xrange(protocol.events_key(rid))]
+
+
+def _check_stream(events: list[dict]) -> Usage:
+    """A stream is start, deltas, done; its deltas add up to the usage it reports."""
+    assert events[0] == {"t": "start", "w": "w-test"}
+    assert events[-1]["t"] == "done"
+    assert {event["t"] for event in events[1:-1]} <= {"delta"}
+    usage = Usage.loads(events[-1]["u"])
+    assert sum(int(event["n"]) for event in events[1:-1]) == usage.completion_tokens
+    return usage
+
+
+def test_requests_in_flight_are_relayed_from_the_engine_loop_several_per_write(
+    relay, engine_host, chat_prompt_ids, redis_client
+):
+    reference = "".join(chunk.text for chunk in engine_host.stream("ref", chat_prompt_ids, dict(GREEDY, max_tokens=48)))
+    threads_before = threading.active_count()
+    requests = [_request(chat_prompt_ids, 48) for _ in range(24)]
+    futures = [relay.run(request) for request in requests]  # no thread per request: futures only
+    assert threading.active_count() <= threads_before
+    wait(futures, timeout=300)
+    for future in futures:
+        future.result()
+
+    loop_thread = engine_host._thread.ident
+    assert {thread for thread, _ in relay.client.pipelines} == {loop_thread}
+    assert max(len(keys) for _, keys in relay.client.pipelines) >= 2  # requests share writes
+    assert len(relay.client.pipelines) == relay.flushes
+    pending = redis_client.hgetall(protocol.LEDGER_PENDING)
+    for request in requests:
+        events = _events(redis_client, request.request_id)
+        usage = _check_stream(events)
+        assert "".join(event.get("x", "") for event in events) == reference
+        assert (usage.status, usage.finish_reason, usage.completion_tokens) == ("ok", "length", 48)
+        assert usage.prompt_tokens == len(chat_prompt_ids)
+        assert Usage.loads(pending[request.request_id]) == usage
+        assert redis_client.ttl(protocol.events_key(request.request_id)) > 0
+
+
+def test_a_cancelled_request_stops_and_is_billed_for_what_it_generated(relay, chat_prompt_ids, redis_client):
+    request = _request(chat_prompt_ids, 1900)
+    future = relay.run(request)
+    key = protocol.events_key(request.request_id)
+    # The first delta is in Redis: the request is generating. Then the gateway sets the cancel key.
+    while not any(fields["t"] == "delta" for _, fields in redis_client.xrange(key)):
+        assert redis_client.xread({key: "0-0"}, block=60_000) is not None, "no event in 60 s"
+    redis_client.set(protocol.cancel_key(request.request_id), 1)
+    future.result(timeout=120)
+
+    usage = _check_stream(_events(redis_client, request.request_id))
+    assert (usage.status, usage.finish_reason) == ("cancelled", "abort")
+    assert 0 < usage.completion_tokens < 1900
+
+
+def test_a_request_the_engine_refuses_still_ends_with_an_error_and_its_usage(relay, chat_prompt_ids, redis_client):
+    request = _request(chat_prompt_ids, 8, temperature=-1.0)
+    relay.run(request).result(timeout=60)
+
+    events = _events(redis_client, request.request_id)
+    assert [event["t"] for event in events] == ["start", "error", "done"]
+    assert events[1]["c"] == "engine_error" and "temperature" in events[1]["m"]
+    usage = Usage.loads(events[-1]["u"])
+    assert (usage.status, usage.completion_tokens) == ("error", 0)
+    assert redis_client.hexists(protocol.LEDGER_PENDING, request.request_id)
+
+
+def test_a_burst_on_a_worker_with_default_settings_never_runs_out_of_redis_connections(
+    engine_host, chat_prompt_ids, redis_client
+):
+    """300 requests through 160 task threads (a Celery worker with --concurrency 160): redis-py's
+    default pool (100 connections) raised "Too many connections" here when each thread relayed its
+    own request."""
+    from workers.serving import WorkerRuntime
+
+    slots = 160
+    runtime = WorkerRuntime(
+        name="w-burst", model="tiny-gemma4", model_path="unused", pool="tiny", profile="cpu", slots=slots,
+        engine=engine_host,
+    )  # fmt: skip
+    runtime.relay.start()
+    requests = [_request(chat_prompt_ids[:8], 4) for _ in range(300)]
+    for request in requests:
+        redis_client.set(protocol.input_key(request.request_id), request.dumps())
+    try:
+        with ThreadPoolExecutor(max_workers=slots) as tasks:
+            results = [tasks.submit(runtime.run_request, request.request_id) for request in requests]
+            for result in results:
+                result.result(timeout=600)  # raises the task's error, a pool error included
+    finally:
+        asyncio.run_coroutine_threadsafe(runtime.relay.stop(), engine_host.loop).result(timeout=30)
+
+    assert runtime.in_flight == 0
+    assert runtime.redis.connection_pool.max_connections >= slots
+    pending = redis_client.hgetall(protocol.LEDGER_PENDING)
+    for request in requests:
+        usage = Usage.loads(pending[request.request_id])
+        assert (usage.status, usage.completion_tokens, usage.worker) == ("ok", 4, "w-burst")

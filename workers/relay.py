@@ -1,0 +1,343 @@
+"""The worker's relay of every request in flight into Redis, run on the engine's event loop.
+
+Each request's outputs arrive on the engine's event loop (``EngineHost.submit`` feeds a
+``RelayedRequest``, which only appends to its buffer). One flusher coroutine turns what all the
+requests produced since its last pass into a single pipelined MULTI/EXEC: the start, delta, error
+and done entries of every request it touched, the done entries' usage in ``ledger:pending``. So the
+relay's cost is one Redis round trip per flush, whatever the number of requests, and no thread
+wakes up per request or per token: the Celery task thread that claimed a request only waits for
+its done entry (it stays the unit of dispatch, acknowledgement and drain).
+
+Coalescing: a flush goes out at once when a request shows its first text or ends, otherwise at
+most once per interval; the interval grows with the requests in flight so that the events of all
+of them together stay within ``WORKER_FLUSH_EVENTS_PER_SECOND`` (each event costs the gateway a
+read, an SSE frame and a socket write), between ``WORKER_FLUSH_INTERVAL_MS`` and
+``FLUSH_INTERVAL_CAP_SECONDS``.
+
+Cancellation: one ``MGET`` of the cancel keys of all running requests per ``CANCEL_CHECK_SECONDS``;
+a cancelled request's engine task is cancelled (vLLM aborts it) and it is billed for what it
+generated. Redis outages: a flush is retried as it was built (entries are numbered by the worker,
+so a write whose reply was lost is refused as a duplicate, never doubled), while the engine goes on
+and the next flush carries everything generated meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+
+import redis
+import redis.asyncio
+
+from config.redis_client import REDIS_UNAVAILABLE
+from workers import protocol
+from workers.engine import EngineHost
+from workers.protocol import RequestInput, Usage
+
+log = logging.getLogger(__name__)
+
+CANCEL_CHECK_SECONDS = 0.25
+# However many requests are in flight, a stream still gets an event at least this often.
+FLUSH_INTERVAL_CAP_SECONDS = 0.25
+# How long a flush is retried through a Redis outage (a restart, a failover) before its usage
+# entries are logged for an operator to replay and its requests are let go.
+USAGE_RETRY_SECONDS = 600.0
+OUTAGE_BACKOFF_SECONDS = (0.05, 2.0)
+
+Entry = tuple[str, dict]
+
+
+class RelayedRequest:
+    """One request's output not yet written to Redis, and its usage; an ``OutputSink``.
+
+    Lives on the engine's event loop: ``push``/``end`` come from the engine, ``take_entries`` from
+    the flusher. Entries are numbered 1-0, 2-0, ... in the order they are taken.
+    """
+
+    def __init__(self, request: RequestInput, usage: Usage, relay: EventRelay) -> None:
+        self.request, self.usage, self.relay = request, usage, relay
+        self.rid = request.request_id
+        self.abandoned = False  # OutputSink: the relay never stops reading a request itself
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.engine_request: concurrent.futures.Future | None = None
+        self.submitted_at = time.monotonic()
+        self.first_token_at: float | None = None
+        self.texts: list[str] = []
+        self.tokens = 0
+        self.start_pending = True
+        self.text_sent = False
+        self.finished = False
+        self.error: BaseException | None = None
+        self.entry_count = 0
+
+    # -- from the engine ------------------------------------------------------------------
+    def push(self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None) -> None:
+        if self.finished:
+            return
+        if token_ids:
+            if self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+            self.tokens += len(token_ids)
+            self.usage.completion_tokens += len(token_ids)
+        if text:
+            self.texts.append(text)
+        if finished:
+            self.finished = True
+            self.usage.finish_reason = finish_reason
+        # The first visible text and the end go out at once (clients measure time to first text).
+        self.relay.mark(self, urgent=finished or (bool(text) and not self.text_sent))
+
+    def end(self, finish_reason: str | None, error: BaseException | None = None) -> None:
+        if self.finished:
+            return
+        self.finished = True
+        self.usage.finish_reason = finish_reason
+        if error is not None:
+            self.error = error
+            self.usage.status = "error"
+        self.relay.mark(self, urgent=True)
+
+    def cancel(self) -> None:
+        """The client went away: stop generating; the request is billed for what it generated."""
+        if self.finished:
+            return
+        self.usage.status = "cancelled"
+        if self.engine_request is not None:
+            self.engine_request.cancel()  # the engine task ends the sink with "abort"
+        else:
+            self.end("abort")
+
+    # -- for the flusher ------------------------------------------------------------------
+    def take_entries(self) -> list[Entry]:
+        """Everything not yet written, as numbered stream entries."""
+        entries: list[Entry] = []
+        if self.start_pending:
+            self.start_pending = False
+            entries.append(self._entry({"t": "start", "w": self.usage.worker}))
+        if self.texts or self.tokens:
+            text = "".join(self.texts)
+            entries.append(self._entry({"t": "delta", "x": text, "n": self.tokens}))
+            self.text_sent = self.text_sent or bool(text)
+            self.texts, self.tokens = [], 0
+        if self.finished:
+            if self.error is not None:
+                entries.append(self._entry({"t": "error", "m": f"engine error: {self.error}", "c": "engine_error"}))
+            entries.append(self._entry({"t": "done", "u": self._final_usage().dumps()}))
+        return entries
+
+    def _entry(self, fields: dict) -> Entry:
+        self.entry_count += 1
+        return f"{self.entry_count}-0", fields
+
+    def _final_usage(self) -> Usage:
+        usage = self.usage
+        if self.first_token_at is not None:
+            usage.ttft_ms = int((self.first_token_at - self.submitted_at) * 1000)
+        usage.finished_at = time.time()
+        usage.total_ms = max(0, int((usage.finished_at - self.request.enqueued_at) * 1000))
+        return usage
+
+
+class EventRelay:
+    """Relays the requests of one engine into Redis (see the module docstring).
+
+    ``run`` is thread-safe and returns a future that completes once the request's done entry and
+    usage are in Redis. ``client`` is a ``redis.asyncio`` client used only on the engine's loop.
+    """
+
+    def __init__(
+        self,
+        engine: EngineHost,
+        client: redis.asyncio.Redis,
+        *,
+        worker: str,
+        flush_interval: float,
+        flush_events_per_second: float,
+    ) -> None:
+        self.engine, self.client, self.worker = engine, client, worker
+        self.flush_interval = flush_interval
+        self.flush_events_per_second = flush_events_per_second
+        self.tokens_total = 0  # completion tokens relayed, for the heartbeat's tokens/s
+        self.flushes = 0  # pipelined writes so far
+        self._active: dict[str, RelayedRequest] = {}
+        self._dirty: dict[str, RelayedRequest] = {}
+        self._wake: asyncio.Event | None = None
+        self._urgent: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._last_flush = 0.0
+
+    # -- from any thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the flusher and the cancel watcher on the engine's (running) loop."""
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop()).result(timeout=30)
+
+    def run(self, request: RequestInput) -> concurrent.futures.Future:
+        """Start a claimed request; the future completes when its end is written to Redis."""
+        return asyncio.run_coroutine_threadsafe(self._serve(request), self._loop())
+
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        loop = self.engine.loop
+        if loop is None:
+            raise RuntimeError("the engine is not running")
+        return loop
+
+    # -- on the engine's loop -----------------------------------------------------------------
+    async def _start(self) -> None:
+        self._wake, self._urgent = asyncio.Event(), asyncio.Event()
+        self._tasks = [
+            asyncio.create_task(self._flush_forever(), name="relay-flush"),
+            asyncio.create_task(self._watch_cancels(), name="relay-cancels"),
+        ]
+
+    async def _serve(self, request: RequestInput) -> None:
+        usage = Usage(
+            request_id=request.request_id,
+            tenant_id=request.tenant_id,
+            key_id=request.key_id,
+            model=request.model,
+            prompt_tokens=len(request.prompt_token_ids),
+            queue_ms=max(0, int((time.time() - request.enqueued_at) * 1000)),
+            worker=self.worker,
+        )
+        job = RelayedRequest(request, usage, self)
+        self._active[job.rid] = job
+        self.mark(job, urgent=False)  # its start entry
+        params = dict(request.params, cache_salt=request.cache_salt) if request.cache_salt else request.params
+        try:
+            job.engine_request = self.engine.submit(job.rid, request.prompt_token_ids, params, job)
+        except Exception as exc:  # refused parameters, an engine not ready: the stream still ends
+            log.warning("request %s refused by the engine: %s", job.rid, exc)
+            job.end("abort", exc)
+        await job.done
+
+    def mark(self, job: RelayedRequest, *, urgent: bool) -> None:
+        """``job`` has something to write; ``urgent`` flushes now instead of at the next interval."""
+        self._dirty[job.rid] = job
+        assert self._wake is not None and self._urgent is not None, "the relay is not started"
+        self._wake.set()
+        if urgent:
+            self._urgent.set()
+
+    def interval(self) -> float:
+        """The wait between two flushes for the requests in flight now."""
+        if not self.flush_events_per_second:
+            return self.flush_interval
+        budgeted = min(len(self._active) / self.flush_events_per_second, FLUSH_INTERVAL_CAP_SECONDS)
+        return max(self.flush_interval, budgeted)
+
+    async def _flush_forever(self) -> None:
+        assert self._wake is not None and self._urgent is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            delay = self._last_flush + self.interval() - loop.time()
+            if delay > 0 and not self._urgent.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._urgent.wait(), delay)
+            self._wake.clear()
+            self._urgent.clear()
+            self._last_flush = loop.time()
+            batch, self._dirty = list(self._dirty.values()), {}
+            try:
+                await self.flush(batch)
+            except Exception as exc:  # the flusher must outlive any one batch
+                log.exception("relay: a flush of %d request(s) failed", len(batch))
+                self._release([job for job in batch if job.finished], exc)
+
+    async def flush(self, batch: list[RelayedRequest]) -> None:
+        """Write the batch's entries in one MULTI/EXEC (retried through an outage), then let the
+        requests that ended go."""
+        writes = [(job, job.take_entries()) for job in batch]
+        writes = [(job, entries) for job, entries in writes if entries]
+        if not writes:
+            return
+        delivered = await self._execute(writes)
+        self.flushes += 1
+        self.tokens_total += sum(int(fields.get("n", 0)) for _, entries in writes for _, fields in entries)
+        if not delivered:
+            for job, _ in writes:
+                if job.finished:
+                    log.error("usage of %s NOT recorded (Redis unreachable): %s", job.rid, job.usage.dumps())
+        self._release([job for job, _ in writes if job.finished])
+
+    async def _execute(self, writes: list[tuple[RelayedRequest, list[Entry]]]) -> bool:
+        """Run the batch's pipeline until Redis takes it; False if it stayed unreachable."""
+        deadline = time.monotonic() + USAGE_RETRY_SECONDS
+        pause, longest = OUTAGE_BACKOFF_SECONDS
+        while True:
+            pipe = self.client.pipeline(transaction=True)
+            for job, entries in writes:
+                _queue_writes(pipe, job, entries)
+            try:
+                results = await pipe.execute(raise_on_error=False)
+            except REDIS_UNAVAILABLE:
+                if time.monotonic() + pause > deadline:
+                    return False
+                log.warning("relay: Redis unreachable; retrying %d request(s) in %.2fs", len(writes), pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, longest)
+                continue
+            for result in results:
+                if isinstance(result, redis.ResponseError):
+                    _raise_unless_written(result)
+            return True
+
+    def _release(self, jobs: list[RelayedRequest], error: BaseException | None = None) -> None:
+        for job in jobs:
+            self._active.pop(job.rid, None)
+            if job.done.done():
+                continue
+            if error is None:
+                job.done.set_result(None)
+            else:
+                job.done.set_exception(error)
+
+    async def _watch_cancels(self) -> None:
+        while True:
+            await asyncio.sleep(CANCEL_CHECK_SECONDS)
+            running = [job for job in self._active.values() if not job.finished]
+            if not running:
+                continue
+            try:
+                flags = await self.client.mget([protocol.cancel_key(job.rid) for job in running])
+            except REDIS_UNAVAILABLE:
+                continue  # checked again once Redis is back
+            for job, flag in zip(running, flags, strict=True):
+                if flag is not None:
+                    job.cancel()
+
+    async def stop(self) -> None:
+        """Stop the flusher and the cancel watcher and close the client (on the engine's loop)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.aclose()
+
+
+def _queue_writes(pipe, job: RelayedRequest, entries: list[Entry]) -> None:
+    key = protocol.events_key(job.rid)
+    for entry_id, fields in entries:
+        pipe.xadd(key, fields, id=entry_id)
+        if fields["t"] == "start":
+            pipe.expire(key, protocol.REQUEST_TTL)  # a stream whose worker dies still expires
+        elif fields["t"] == "done":
+            pipe.expire(key, protocol.REQUEST_TTL)
+            pipe.hset(protocol.LEDGER_PENDING, job.rid, fields["u"])  # a second HSET is harmless
+
+
+def _raise_unless_written(error: redis.ResponseError) -> None:
+    # XADD with an id at or below the stream's last one: this entry was written by an earlier try.
+    if "equal or smaller than the target stream top item" not in str(error):
+        raise error
+
+
+def relay_client(url: str, *, max_connections: int = 4) -> redis.asyncio.Redis:
+    """The relay's Redis client: a small bounded pool (one flush and one cancel check at a time)
+    whose callers wait for a connection rather than fail."""
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, decode_responses=True, health_check_interval=30, max_connections=max_connections, timeout=20
+    )
+    return redis.asyncio.Redis(connection_pool=pool)
