@@ -56,6 +56,17 @@ proc_name = "gemma-platform-web"
 _warm_imports = [name.strip() for name in os.environ.get("GUNICORN_WARM_IMPORTS", "transformers").split(",")]
 
 
+def on_starting(server):
+    # Each open stream holds a client socket and a Redis connection: a process serving hundreds of
+    # streams needs more descriptors than the usual soft limit of 1,024. Raise it to the hard limit.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def post_worker_init(worker):
     import importlib
 

@@ -8,10 +8,10 @@ relay's cost is one Redis round trip per flush, whatever the number of requests,
 wakes up per request or per token: the Celery task thread that claimed a request only waits for
 its done entry (it stays the unit of dispatch, acknowledgement and drain).
 
-Coalescing: a flush goes out at once when a request shows its first text or ends, otherwise at
-most once per interval; the interval grows with the requests in flight so that the events of all
-of them together stay within ``WORKER_FLUSH_EVENTS_PER_SECOND`` (each event costs the gateway a
-read, an SSE frame and a socket write), between ``WORKER_FLUSH_INTERVAL_MS`` and
+Coalescing: a request's first text and its end are written at once (with nothing else), the rest
+at most once per interval, for all requests together. The interval grows with the requests in
+flight so that the events of all of them stay within ``WORKER_FLUSH_EVENTS_PER_SECOND`` (each event
+costs the gateway a read, an SSE frame and a socket write), between ``WORKER_FLUSH_INTERVAL_MS`` and
 ``FLUSH_INTERVAL_CAP_SECONDS``.
 
 Cancellation: one ``MGET`` of the cancel keys of all running requests per ``CANCEL_CHECK_SECONDS``;
@@ -163,7 +163,8 @@ class EventRelay:
         self.tokens_total = 0  # completion tokens relayed, for the heartbeat's tokens/s
         self.flushes = 0  # pipelined writes so far
         self._active: dict[str, RelayedRequest] = {}
-        self._dirty: dict[str, RelayedRequest] = {}
+        self._dirty: dict[str, RelayedRequest] = {}  # requests with output not yet written
+        self._urgent_jobs: dict[str, RelayedRequest] = {}  # those of them to write at once
         self._wake: asyncio.Event | None = None
         self._urgent: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
@@ -214,11 +215,12 @@ class EventRelay:
         await job.done
 
     def mark(self, job: RelayedRequest, *, urgent: bool) -> None:
-        """``job`` has something to write; ``urgent`` flushes now instead of at the next interval."""
-        self._dirty[job.rid] = job
+        """``job`` has something to write; ``urgent`` writes it now instead of at the next interval."""
         assert self._wake is not None and self._urgent is not None, "the relay is not started"
+        self._dirty[job.rid] = job
         self._wake.set()
         if urgent:
+            self._urgent_jobs[job.rid] = job
             self._urgent.set()
 
     def interval(self) -> float:
@@ -230,22 +232,34 @@ class EventRelay:
 
     async def _flush_forever(self) -> None:
         assert self._wake is not None and self._urgent is not None
-        loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            delay = self._last_flush + self.interval() - loop.time()
+            delay = self._last_flush + self.interval() - time.monotonic()
             if delay > 0 and not self._urgent.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._urgent.wait(), delay)
-            self._wake.clear()
-            self._urgent.clear()
-            self._last_flush = loop.time()
-            batch, self._dirty = list(self._dirty.values()), {}
+            batch = self._take_batch()
             try:
                 await self.flush(batch)
             except Exception as exc:  # the flusher must outlive any one batch
                 log.exception("relay: a flush of %d request(s) failed", len(batch))
                 self._release([job for job in batch if job.finished], exc)
+
+    def _take_batch(self) -> list[RelayedRequest]:
+        """At the interval, every request with output; before it, only the urgent ones (a first text,
+        an end): one request starting or ending must not flush all the others with it."""
+        assert self._wake is not None and self._urgent is not None
+        self._urgent.clear()
+        if time.monotonic() >= self._last_flush + self.interval():
+            self._last_flush = time.monotonic()
+            batch, self._dirty, self._urgent_jobs = list(self._dirty.values()), {}, {}
+        else:
+            batch, self._urgent_jobs = list(self._urgent_jobs.values()), {}
+            for job in batch:
+                del self._dirty[job.rid]
+        if not self._dirty:
+            self._wake.clear()
+        return batch
 
     async def flush(self, batch: list[RelayedRequest]) -> None:
         """Write the batch's entries in one MULTI/EXEC (retried through an outage), then let the
