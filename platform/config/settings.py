@@ -27,11 +27,11 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"] if
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 DATABASES = {"default": database_from_url(env_str("DATABASE_URL"))}
-# A connection pool per process (psycopg_pool): a web process runs blocking steps on many threads
-# (gateway/offload.py), and a persistent connection per thread would exhaust PostgreSQL's
-# max_connections under load. The gateway returns its connection to the pool before it relays
-# tokens (gateway/views.py).
-if env_bool("DATABASE_POOL", True):
+# No connection pool by default: a web process does its database work on at most GATEWAY_THREADS
+# threads (gateway/offload.py), each closing its connection at the end of every call, which bounds
+# its connections. psycopg_pool (DATABASE_POOL=1) keeps connections open between calls, and under
+# the ASGI web processes that broke the detection of a client that went away (gateway/offload.py).
+if env_bool("DATABASE_POOL", False):
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 1,
         "max_size": env_int("DATABASE_POOL_MAX_SIZE", 16, minimum=1),
@@ -142,7 +142,7 @@ QUEUE_TIMEOUT_SECONDS = env_float("QUEUE_TIMEOUT_SECONDS", 300.0)
 LEDGER_BATCH_SECONDS = max(0.0, env_float("LEDGER_BATCH_SECONDS", 0.1))
 # Threads per web process for the inference path's blocking steps (authentication to enqueue, which
 # includes waiting for a pool's fair share or for a pool scaling from zero); open streams hold none.
-GATEWAY_THREADS = env_int("GATEWAY_THREADS", 64, minimum=1)
+GATEWAY_THREADS = env_int("GATEWAY_THREADS", 16, minimum=1)
 # SSE keep-alive comment interval while nothing is generated (also detects gone clients).
 SSE_KEEPALIVE_SECONDS = env_float("SSE_KEEPALIVE_SECONDS", 5.0)
 OPERATOR_TOKEN = env_str("OPERATOR_TOKEN", "")

@@ -221,9 +221,7 @@ def _admit_and_enqueue(request, parse) -> _Enqueued:
         prompt_ids = tokenization.completion_prompt_ids(model.path, spec.prompt)
     max_tokens = _max_tokens(spec, model.context_length, len(prompt_ids))
     # Give the database connection back before anything that can wait (a pool scaling from zero, the
-    # pool's fair share): a request waiting for a slot while holding one of the process's few pooled
-    # connections starved the requests that needed one to finish (their ledger write), until the
-    # pool's timeout turned them into 500s (benchmarks: 128 requests for 64 worker slots).
+    # pool's fair share): a waiting request holds its gateway thread, not a PostgreSQL connection.
     db.connection.close()
     ready = dispatch.await_worker(model)
     request_id = f"{'chatcmpl' if spec.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"

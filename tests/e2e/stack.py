@@ -330,7 +330,7 @@ def live_stack(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_fact
         REDIS_URL=redis_url,
         PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
         AUTH_CACHE_SECONDS="30",
-        DATABASE_POOL="1",  # the served processes use the connection pool, as in production
+        DATABASE_POOL="0",  # as in production (config/settings.py says why)
         # Heartbeats come every 2 s; this 2-core machine sometimes stalls every process for 5 s
         # or more under load, so a shorter timeout declares live workers lost.
         WORKER_HEARTBEAT_TIMEOUT="12",
