@@ -31,12 +31,14 @@ def _releasing_connection(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         finally:
-            # Closed at the end of every call, never kept by an idle thread. Django's
-            # request_finished does not run in this thread. And a connection kept open between
-            # calls, by psycopg_pool or persistently (CONN_MAX_AGE), made the server report a live
-            # SSE connection as lost, so that a client that then really left was never noticed:
-            # tests/gateway/test_asgi_streams.py::test_a_client_that_stops_reading_then_leaves_stops_its_request
-            # fails either way and passes with this close (root cause not found).
+            # Closed at the end of every call, never kept by an idle thread (Django's
+            # request_finished does not run in this thread). Observed 2026-12-01, root cause not
+            # known: with a connection kept open between calls (psycopg_pool, or CONN_MAX_AGE), the
+            # server reported a live SSE connection as disconnected right after the request's
+            # first database call, every time, for a client that read the opening chunk and then
+            # nothing; the request was then taken back or, later, never stopped when the client
+            # really left. Closing the connection here made that case pass on an idle machine,
+            # but it still failed once beside a CPU hog.
             db.connection.close()
 
     return run
