@@ -38,7 +38,8 @@ def _releasing_connection(func: Callable[P, R]) -> Callable[P, R]:
             # first database call, every time, for a client that read the opening chunk and then
             # nothing; the request was then taken back or, later, never stopped when the client
             # really left. Closing the connection here made that case pass on an idle machine,
-            # but it still failed once beside a CPU hog.
+            # not beside a CPU hog (nor with each call in a fresh context, nor with publishing
+            # serialized): an open defect of the ASGI web tier under load.
             db.connection.close()
 
     return run
