@@ -54,8 +54,8 @@ def frontend_cpus() -> set[int] | None:
 def engine_cpu_env() -> dict[str, str]:
     """Where the engines compute when the serving processes are pinned: the other cores.
 
-    Until 2026-11-30 (session 2) every process of a target was pinned to core 1 when spawned. An
-    engine process inherits that, and vLLM's CPU backend picks its compute cores among the cores
+    Pinning every process of a target to core 1 when it is spawned does not work: an
+    engine process inherits it, and vLLM's CPU backend picks its compute cores among the cores
     it may use: it found only core 1 ("Selected CPU core number (1) should be greater than reserved
     CPU core number (1)") and computed there, beside every serving process, leaving core 0 idle.
     Now a process that hosts an engine starts unpinned with its OpenMP threads bound to the other

@@ -56,7 +56,7 @@ H200_ENV_VARIANTS: dict[str, dict[str, str]] = {
     "h200-v1runner": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
 }
 FIRST_RUN_VARIANTS = ("h200-bf16", "h200-fp8kv")
-# vLLM's torch.compile fusion passes that are off by default (session 2): at one stream a decode step
+# vLLM's torch.compile fusion passes that are off by default: at one stream a decode step
 # is mostly many small kernels (docs/gpu.md), which is what these fuse. Each needs the custom ops it
 # matches enabled (vLLM's default, with Inductor, is none).
 H200_FUSION_VARIANTS: dict[str, dict[str, Any]] = {

@@ -55,22 +55,32 @@ class Idle:
 def ready_workers(pool: str) -> list[str]:
     """Names of the pool's workers that heartbeat recently and have a ready engine."""
     redis = get_redis()
-    fresh = redis.zrangebyscore(
-        protocol.pool_workers_key(pool), time.time() - settings.WORKER_HEARTBEAT_TIMEOUT, "+inf"
-    )
+    fresh = redis.zrangebyscore(protocol.pool_workers_key(pool), _heartbeat_cutoff(), "+inf")
     if not fresh:
         return []
-    pipe = redis.pipeline(transaction=False)
-    for name in fresh:
+    return _only_ready(fresh, _state_reads(redis.pipeline(transaction=False), fresh).execute())
+
+
+def _heartbeat_cutoff() -> float:
+    """Workers whose last heartbeat is older than this (unix seconds) count as gone."""
+    return time.time() - settings.WORKER_HEARTBEAT_TIMEOUT
+
+
+def _state_reads(pipe, names: list[str]):
+    for name in names:
         pipe.hget(protocol.worker_key(name), "state")
-    return [name for name, state in zip(fresh, pipe.execute(), strict=True) if state == "ready"]
+    return pipe
+
+
+def _only_ready(names: list[str], states: list[str | None]) -> list[str]:
+    return [name for name, state in zip(names, states, strict=True) if state == "ready"]
 
 
 def worker_alive(name: str) -> bool:
     redis = get_redis()
     pool = redis.hget(protocol.worker_key(name), "pool")
     score = redis.zscore(protocol.pool_workers_key(pool), name) if pool else None
-    return score is not None and score > time.time() - settings.WORKER_HEARTBEAT_TIMEOUT
+    return score is not None and score > _heartbeat_cutoff()
 
 
 def await_worker(model: ServedModel) -> list[str]:
@@ -187,15 +197,10 @@ async def _final_usage(key: str, after_id: str) -> Usage | None:
 async def _ready_workers_async(pool: str) -> list[str]:
     """`ready_workers`, read on the event loop."""
     redis = get_async_redis()
-    fresh = await redis.zrangebyscore(
-        protocol.pool_workers_key(pool), time.time() - settings.WORKER_HEARTBEAT_TIMEOUT, "+inf"
-    )
+    fresh = await redis.zrangebyscore(protocol.pool_workers_key(pool), _heartbeat_cutoff(), "+inf")
     if not fresh:
         return []
-    pipe = redis.pipeline(transaction=False)
-    for name in fresh:
-        pipe.hget(protocol.worker_key(name), "state")
-    return [name for name, state in zip(fresh, await pipe.execute(), strict=True) if state == "ready"]
+    return _only_ready(fresh, await _state_reads(redis.pipeline(transaction=False), fresh).execute())
 
 
 async def _worker_alive_async(name: str) -> bool:
@@ -203,7 +208,7 @@ async def _worker_alive_async(name: str) -> bool:
     redis = get_async_redis()
     pool = await redis.hget(protocol.worker_key(name), "pool")
     score = await redis.zscore(protocol.pool_workers_key(pool), name) if pool else None
-    return score is not None and score > time.time() - settings.WORKER_HEARTBEAT_TIMEOUT
+    return score is not None and score > _heartbeat_cutoff()
 
 
 async def _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline) -> Failed | None:
