@@ -70,6 +70,7 @@ class RelayedRequest:
         self.start_pending = True
         self.text_sent = False
         self.finished = False
+        self.end_written = False  # its done entry is taken: nothing follows it
         self.error: BaseException | None = None
         self.entry_count = 0
 
@@ -114,6 +115,8 @@ class RelayedRequest:
     def take_entries(self) -> list[Entry]:
         """Everything not yet written, as numbered stream entries."""
         entries: list[Entry] = []
+        if self.end_written:
+            return entries
         if self.start_pending:
             self.start_pending = False
             entries.append(self._entry({"t": "start", "w": self.usage.worker}))
@@ -123,6 +126,7 @@ class RelayedRequest:
             self.text_sent = self.text_sent or bool(text)
             self.texts, self.tokens = [], 0
         if self.finished:
+            self.end_written = True
             if self.error is not None:
                 entries.append(self._entry({"t": "error", "m": f"engine error: {self.error}", "c": "engine_error"}))
             entries.append(self._entry({"t": "done", "u": self._final_usage().dumps()}))
@@ -169,6 +173,9 @@ class EventRelay:
         self._urgent: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
         self._last_flush = 0.0
+        # One flush at a time: a request's entries must reach Redis in their numbered order, or a
+        # later entry written first would make an earlier one look like a duplicate.
+        self._flushing: asyncio.Lock | None = None
 
     # -- from any thread ----------------------------------------------------------------------
     def start(self) -> None:
@@ -188,6 +195,7 @@ class EventRelay:
     # -- on the engine's loop -----------------------------------------------------------------
     async def _start(self) -> None:
         self._wake, self._urgent = asyncio.Event(), asyncio.Event()
+        self._flushing = asyncio.Lock()
         self._tasks = [
             asyncio.create_task(self._flush_forever(), name="relay-flush"),
             asyncio.create_task(self._watch_cancels(), name="relay-cancels"),
@@ -264,6 +272,11 @@ class EventRelay:
     async def flush(self, batch: list[RelayedRequest]) -> None:
         """Write the batch's entries in one MULTI/EXEC (retried through an outage), then let the
         requests that ended go."""
+        assert self._flushing is not None, "the relay is not started"
+        async with self._flushing:
+            await self._flush_locked(batch)
+
+    async def _flush_locked(self, batch: list[RelayedRequest]) -> None:
         writes = [(job, job.take_entries()) for job in batch]
         writes = [(job, entries) for job, entries in writes if entries]
         if not writes:

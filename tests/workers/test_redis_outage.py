@@ -98,3 +98,26 @@ async def test_a_flush_retried_after_its_reply_was_lost_is_written_once(redis_cl
     ]  # fmt: skip
     assert Usage.loads(redis_client.hget(protocol.LEDGER_PENDING, request.request_id)).completion_tokens == 2
     assert job.done.done()
+
+
+@pytest.mark.asyncio
+async def test_overlapping_flushes_write_each_entry_once_and_in_order(redis_client):
+    """The flusher and a second flush of the same request at once: one waits for the other, and the
+    done entry (with the usage) is written once."""
+    relay = EventRelay(
+        None, relay_client(os.environ["REDIS_URL"]), worker="w-test", flush_interval=0.02, flush_events_per_second=0
+    )
+    await relay._start()
+    request = RequestInput(
+        request_id="cmpl-overlap", model="m", prompt_token_ids=[2], params={}, tenant_id=1, key_id=1, enqueued_at=0.0
+    )
+    job = RelayedRequest(request, Usage(request_id=request.request_id, tenant_id=1, key_id=1, model="m"), relay)
+    try:
+        job.push("Hi", [5], True, "stop")  # wakes the flusher too
+        await asyncio.wait_for(asyncio.gather(relay.flush([job]), relay.flush([job])), 30)
+        await asyncio.wait_for(job.done, 30)
+    finally:
+        await relay.stop()
+
+    events = [fields for _, fields in redis_client.xrange(protocol.events_key(request.request_id))]
+    assert [(event["t"], event.get("x")) for event in events] == [("start", None), ("delta", "Hi"), ("done", None)]
