@@ -27,11 +27,10 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"] if
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 DATABASES = {"default": database_from_url(env_str("DATABASE_URL"))}
-# No connection pool by default: a web process does its database work on at most GATEWAY_THREADS
-# threads (gateway/offload.py), each closing its connection at the end of every call, which bounds
-# its connections. psycopg_pool (DATABASE_POOL=1) keeps connections open between calls, and under
-# the ASGI web processes that broke the detection of a client that went away (gateway/offload.py).
-if env_bool("DATABASE_POOL", False):
+# A connection pool per process (psycopg_pool): a web process does its database work on up to
+# GATEWAY_THREADS threads (gateway/offload.py), each giving its connection back at the end of every
+# call; the pool bounds the process's connections and saves a PostgreSQL connect per call.
+if env_bool("DATABASE_POOL", True):
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 1,
         "max_size": env_int("DATABASE_POOL_MAX_SIZE", 16, minimum=1),

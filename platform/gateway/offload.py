@@ -31,15 +31,8 @@ def _releasing_connection(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         finally:
-            # Closed at the end of every call, never kept by an idle thread (Django's
-            # request_finished does not run in this thread). Observed 2026-12-01, root cause not
-            # known: with a connection kept open between calls (psycopg_pool, or CONN_MAX_AGE), the
-            # server reported a live SSE connection as disconnected right after the request's
-            # first database call, every time, for a client that read the opening chunk and then
-            # nothing; the request was then taken back or, later, never stopped when the client
-            # really left. Closing the connection here made that case pass on an idle machine,
-            # not beside a CPU hog (nor with each call in a fresh context, nor with publishing
-            # serialized): an open defect of the ASGI web tier under load.
+            # Given back (to the pool) at the end of every call, never kept by an idle thread:
+            # Django's request_finished, which would do it, does not run in this thread.
             db.connection.close()
 
     return run
@@ -48,7 +41,7 @@ def _releasing_connection(func: Callable[P, R]) -> Callable[P, R]:
 async def run_blocking(func: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
     """Run `func(*args, **kwargs)` on a gateway thread; return its result or raise its exception.
 
-    The thread's database connection is closed when `func` ends.
+    The thread's database connection is given back when `func` ends.
     """
     call = sync_to_async(_releasing_connection(func), thread_sensitive=False, executor=_executor())
     return await call(*args, **kwargs)

@@ -250,7 +250,8 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict) -> httpx.Headers:
                           headers={"Authorization": f"Bearer {key}"}, timeout=60) as response:  # fmt: skip
             assert response.status_code == 200, response.read()
             headers, request_id = response.headers, response.headers["x-request-id"]
-            next(line for line in response.iter_lines() if line.startswith("data: {"))  # the role chunk
+            lines = response.iter_lines()  # held: a dropped line iterator closes the connection
+            next(line for line in lines if line.startswith("data: {"))  # the role chunk
             wait_until(relayed("start", request_id), "the worker never took the request")
             with engine.resumed():
                 wait_until(relayed("delta", request_id), "the engine generated nothing")
@@ -330,7 +331,7 @@ def live_stack(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_fact
         REDIS_URL=redis_url,
         PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
         AUTH_CACHE_SECONDS="30",
-        DATABASE_POOL="0",  # as in production (config/settings.py says why)
+        DATABASE_POOL="1",  # as in production
         # Heartbeats come every 2 s; this 2-core machine sometimes stalls every process for 5 s
         # or more under load, so a shorter timeout declares live workers lost.
         WORKER_HEARTBEAT_TIMEOUT="12",

@@ -7,10 +7,15 @@ the test opens streams; every stream must still be served at once, and the proce
 thread per stream.
 """
 
+import array
+import contextlib
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -50,7 +55,7 @@ def server(tiny_model_dir, redis_client, make_tenant, tmp_path):
         PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
         GUNICORN_BIND=f"127.0.0.1:{port}",
         WEB_CONCURRENCY="1",
-        DATABASE_POOL="0",  # as in production (config/settings.py says why)
+        DATABASE_POOL="1",  # as in production
         GATEWAY_THREADS=str(GATEWAY_THREADS),
         SSE_KEEPALIVE_SECONDS="1",
     )
@@ -71,6 +76,10 @@ def server(tiny_model_dir, redis_client, make_tenant, tmp_path):
         except subprocess.TimeoutExpired:
             master.kill()
             master.wait()
+        # A worker still waiting out its graceful timeout on an open stream must not outlive the
+        # test (holding the test database).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(master.pid, signal.SIGKILL)
         log.close()
 
 
@@ -204,3 +213,28 @@ def _last_event(client: _Client) -> str:
 
 def _cancelled(redis_client, rids) -> int:
     return sum(redis_client.exists(protocol.cancel_key(rid)) for rid in rids)
+
+
+def test_a_client_that_stops_reading_then_leaves_stops_its_request(server, redis_client):
+    """The client reads the opening chunk, then nothing while keep-alives arrive, then closes (with
+    unread data its kernel resets the connection): the gateway must notice, and not before."""
+    base_url, key, _ = server
+    claimed: set[str] = set()
+    body = {"model": "tiny-gemma4", "messages": [{"role": "user", "content": "Go"}], "max_tokens": 8, "stream": True}
+    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {key}"}) as response:  # fmt: skip
+        lines = response.iter_lines()  # held: a dropped line iterator closes the connection
+        next(line for line in lines if line.startswith("data: {"))
+        wait_until(lambda: _claim_new_requests(redis_client, claimed) or claimed, "never enqueued")
+        (rid,) = claimed
+        # Keep-alives pile up unread; the request is still on while the client is connected.
+        socket = response.extensions["network_stream"].get_extra_info("socket")
+        wait_until(lambda: _unread_bytes(socket) > 0, "no keep-alive arrived", 30)
+        assert not redis_client.exists(protocol.cancel_key(rid)), "stopped while its client was still connected"
+    wait_until(lambda: redis_client.exists(protocol.cancel_key(rid)), "the gateway did not stop the request", 30)
+
+
+def _unread_bytes(sock) -> int:
+    waiting = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, waiting)
+    return waiting[0]
