@@ -49,6 +49,9 @@ STATE_DIR = Path(os.environ.get("UP_STATE_DIR") or REPO_ROOT / ".run").resolve()
 LOG_DIR = STATE_DIR / "logs"
 # What the running make up started (pids, embedded servers), for the next run after a kill -9.
 RUN_FILE = STATE_DIR / "up.json"
+# The control plane's settings of this stack, for manage.py in another terminal (see manage.py).
+SETTINGS_FILE = STATE_DIR / "settings.json"
+CONFIG_DIR = REPO_ROOT / "platform" / "config"
 MODEL_ID = "tiny-gemma4"
 MODEL_DIR = STATE_DIR / "models" / MODEL_ID
 POOL = "tiny"
@@ -195,6 +198,7 @@ def _start(stack: Stack) -> None:
     print(f"  DATABASE_URL={services['DATABASE_URL']}\n  REDIS_URL={services['REDIS_URL']}")
     stack.env = _child_env(services, port)
     os.environ.update(stack.env)  # the in-process Django steps below read the same settings
+    _save_settings(stack.env)
 
     _step("database schema, static files")
     _django_setup()
@@ -478,6 +482,17 @@ def _secret_file(name: str, given: str | None, nbytes: int = 12) -> str:
     value = secrets.token_urlsafe(nbytes)
     _write_private(path, value)
     return value
+
+
+def _save_settings(env: dict[str, str]) -> None:
+    """Write the variables the settings read (platform/config/), as this stack sets them, to SETTINGS_FILE: an
+    operator's ``python manage.py createtenant`` in another terminal then talks to this stack's
+    database and Redis and stores keys under the same HMAC key, with nothing exported by hand."""
+    sources = "".join(path.read_text() for path in sorted(CONFIG_DIR.glob("*.py")))
+    names = set(re.findall(r'env_\w+\(\s*"([A-Z][A-Z0-9_]*)"', sources))
+    names |= {f"{name}_FILE" for name in names}
+    settings = {name: env[name] for name in sorted(names) if name in env}
+    _write_private(SETTINGS_FILE, json.dumps(settings, indent=1))
 
 
 def _write_private(path: Path, value: str) -> None:

@@ -150,6 +150,20 @@ def test_make_up_serves_a_chat_completion_and_stops_everything_on_ctrl_c(state_d
         assert reply["model"] == "tiny-gemma4"
         assert reply["choices"][0]["message"]["role"] == "assistant"
         assert reply["usage"]["completion_tokens"] > 0
+
+        # An operator's command in a second terminal (no settings exported) works on this stack.
+        env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY")}
+        created = subprocess.run(
+            [sys.executable, "manage.py", "createkey", "demo", "--name", "second-terminal"],
+            cwd=REPO_ROOT, env=dict(env, UP_STATE_DIR=str(state_dir)), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert created.returncode == 0, created.stderr
+        second_key = created.stdout.strip().splitlines()[-1]
+        models = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {second_key}"}
+        )
+        with urllib.request.urlopen(models, timeout=60) as response:
+            assert response.status == 200
     finally:
         code = up.stop(signal.SIGINT)
 

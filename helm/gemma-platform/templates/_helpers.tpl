@@ -205,6 +205,16 @@ $(VAR) expansion, so no credential is ever written into a manifest.
 {{- end }}
 - name: QUEUE_TIMEOUT_SECONDS
   value: {{ .Values.config.queueTimeoutSeconds | quote }}
+- name: SECURE_HSTS_SECONDS
+  value: {{ .Values.config.https.hstsSeconds | int64 | quote }}
+- name: SECURE_HSTS_INCLUDE_SUBDOMAINS
+  value: {{ .Values.config.https.hstsIncludeSubdomains | quote }}
+- name: SECURE_HSTS_PRELOAD
+  value: {{ .Values.config.https.hstsPreload | quote }}
+- name: SECURE_SSL_REDIRECT
+  value: {{ .Values.config.https.sslRedirect | quote }}
+- name: HTTPS_REDIRECTED_BY_PROXY
+  value: {{ .Values.config.https.redirectedByProxy | quote }}
 - name: SECRET_KEY
   valueFrom:
     secretKeyRef:
