@@ -3,6 +3,7 @@
 import csv
 import datetime as dt
 import io
+import logging
 
 from django.db import transaction
 from django.db.models import Sum
@@ -12,9 +13,12 @@ from billing.models import Invoice, InvoiceLine, UsageRollup
 from billing.selectors import TRUNC, ledger_aggregates, ledger_rows
 from config.redis_client import get_redis
 from ledger.models import UsageRecord
+from ledger.services import ledger_flush, ledger_unwritten
 from quotas.limits import Period
 from quotas.models import Plan, TenantQuota
 from tenants.models import Tenant
+
+log = logging.getLogger(__name__)
 
 MICROS_PER_MILLION_TOKENS = 1_000_000
 _WATERMARK = "billing:rollup:watermark"
@@ -136,12 +140,30 @@ def invoice_close(*, invoice: Invoice) -> Invoice:
 
 
 def invoices_close_period(*, period: Period) -> int:
-    """Build and close every tenant's invoice for an ended period (tenants with usage or a plan)."""
+    """Build and close every tenant's invoice for an ended period (tenants with usage or a plan);
+    returns how many this call closed.
+
+    Usage of the period still buffered in Redis is written to the ledger first. A tenant with usage
+    of the period that is not in the ledger (Redis still holds it because PostgreSQL refused the
+    write, or the ledger rejected it) keeps an open invoice: a closed invoice never changes, so it
+    closes on a later run, once that usage is written (an operator settles rejected entries, which
+    the console lists)."""
+    ledger_flush()
+    unwritten = ledger_unwritten(start=period.start, end=period.end)
+    held = {usage.tenant_id for usages in unwritten.values() for usage in usages}
     tenant_ids = set(ledger_rows(start=period.start, end=period.end).values_list("tenant_id", flat=True))
     tenant_ids |= set(TenantQuota.objects.filter(plan__isnull=False).values_list("tenant_id", flat=True))
-    for tenant in Tenant.objects.filter(id__in=tenant_ids):
-        invoice_close(invoice=invoice_build(tenant=tenant, period=period))
-    return len(tenant_ids)
+    closed = 0
+    for tenant in Tenant.objects.filter(id__in=tenant_ids | held):
+        invoice = invoice_build(tenant=tenant, period=period)
+        if invoice.status == Invoice.Status.CLOSED:
+            continue
+        if tenant.id in held:
+            log.warning("invoice %s stays open: usage of %s is not in the ledger yet", invoice.number, period.id)
+            continue
+        invoice_close(invoice=invoice)
+        closed += 1
+    return closed
 
 
 def invoice_as_dict(invoice: Invoice) -> dict:

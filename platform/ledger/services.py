@@ -114,6 +114,19 @@ def _pending_batches(redis, request_ids, batch_size):
         yield batch
 
 
+def ledger_unwritten(*, start: dt.datetime, end: dt.datetime) -> dict[str, list[Usage]]:
+    """Usage that finished in [start, end) and is not in the ledger: still pending in Redis, or
+    refused by the ledger and kept in `ledger:rejected`; by where it is."""
+    redis = get_redis()
+    unwritten: dict[str, list[Usage]] = {"pending": [], "rejected": []}
+    for where, key in (("pending", LEDGER_PENDING), ("rejected", LEDGER_REJECTED)):
+        for _, raw in redis.hscan_iter(key, count=500):
+            usage = Usage.loads(raw)
+            if start.timestamp() <= usage.finished_at < end.timestamp():
+                unwritten[where].append(usage)
+    return unwritten
+
+
 def ledger_pending_put(usage: Usage, *, only_if_absent: bool = False) -> None:
     """Buffer a usage entry durably in Redis (used by the gateway when a worker is lost)."""
     redis = get_redis()

@@ -151,3 +151,52 @@ def test_invoice_exports_carry_every_line_and_the_total(alice):
     assert len(as_json["lines"]) == invoice.lines.count() == len(rows) - 1
     assert rows[-1]["kind"] == "total" and int(rows[-1]["amount_micros"]) == as_json["total_micros"]
     assert sum(int(r["amount_micros"]) for r in rows[:-1]) == invoice.total_micros
+
+
+def _usage(tenant, key, *, finished_at: dt.datetime, completion_tokens: int = 7):
+    from workers.protocol import Usage
+
+    return Usage(request_id=f"chatcmpl-{uuid.uuid4().hex}", tenant_id=tenant.id, key_id=key.id, model="tiny-gemma4",
+                 prompt_tokens=3, completion_tokens=completion_tokens, total_ms=100, finish_reason="length",
+                 finished_at=finished_at.timestamp())  # fmt: skip
+
+
+def test_closing_a_period_writes_its_usage_still_buffered_in_redis_first(alice, redis_client):
+    from billing.services import invoices_close_period
+    from workers.protocol import LEDGER_PENDING
+
+    tenant, keys = alice
+    _ledger_rows(tenant, keys, 5, start=LAST_MONTH.start, span_hours=24)
+    late = _usage(tenant, keys[0], finished_at=LAST_MONTH.end - dt.timedelta(seconds=1), completion_tokens=11)
+    redis_client.hset(LEDGER_PENDING, late.request_id, late.dumps())  # not flushed when the month ended
+
+    assert invoices_close_period(period=LAST_MONTH) == 1
+
+    invoice = Invoice.objects.get(tenant=tenant, period_start=LAST_MONTH.start)
+    assert invoice.status == "closed"
+    assert UsageRecord.objects.filter(request_id=late.request_id).exists()
+    output = invoice.lines.filter(kind="output_tokens").aggregate(total=Sum("quantity"))["total"]
+    assert output == UsageRecord.objects.filter(tenant=tenant, finished_at__lt=LAST_MONTH.end).aggregate(
+        total=Sum("completion_tokens"))["total"]  # fmt: skip
+
+
+def test_an_invoice_with_usage_the_ledger_rejected_stays_open_until_it_is_settled(alice, make_tenant, redis_client):
+    from billing.services import invoices_close_period
+    from ledger.services import LEDGER_REJECTED
+
+    tenant, keys = alice
+    bob, _ = make_tenant("bob")
+    _ledger_rows(tenant, keys, 5, start=LAST_MONTH.start, span_hours=24)
+    _ledger_rows(bob, list(bob.api_keys.all()), 5, start=LAST_MONTH.start, span_hours=24)
+    refused = _usage(tenant, keys[0], finished_at=LAST_MONTH.start + dt.timedelta(hours=30))
+    redis_client.hset(LEDGER_REJECTED, refused.request_id, refused.dumps())
+    next_month = _usage(tenant, keys[0], finished_at=LAST_MONTH.end + dt.timedelta(hours=1))
+    redis_client.hset(LEDGER_REJECTED, next_month.request_id, next_month.dumps())  # another period's
+
+    assert invoices_close_period(period=LAST_MONTH) == 1  # bob's
+
+    assert Invoice.objects.get(tenant=bob, period_start=LAST_MONTH.start).status == "closed"
+    assert Invoice.objects.get(tenant=tenant, period_start=LAST_MONTH.start).status == "draft"
+    redis_client.hdel(LEDGER_REJECTED, refused.request_id)  # an operator settled it
+    assert invoices_close_period(period=LAST_MONTH) == 1
+    assert Invoice.objects.get(tenant=tenant, period_start=LAST_MONTH.start).status == "closed"
