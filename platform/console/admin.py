@@ -1,6 +1,10 @@
 from django.contrib import admin
 
 from console.models import TenantMembership
+from console.signin import AdminLoginForm
+
+# /admin/login/ checks staff passwords: it shares the console's sign-in rate limit.
+admin.site.login_form = AdminLoginForm
 
 
 @admin.register(TenantMembership)

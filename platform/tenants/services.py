@@ -1,20 +1,23 @@
-"""Business rules for tenants and API keys (HackSoft style: keyword-only, <entity>_<action>)."""
+"""Business rules for tenants and API keys (HackSoft style: keyword-only, <entity>_<action>).
+
+Authenticated key records are cached in Redis (`tenants.auth_cache`). Every saved or deleted key or
+tenant row clears the cached records it affects once its transaction commits (`tenants.signals`),
+whoever wrote it: these services, the Django admin, a shell.
+"""
 
 import datetime as dt
 import json
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
 from config.redis_client import get_redis
+from tenants import auth_cache
 from tenants.keys import digests_match, key_generate, key_prefix
 from tenants.models import ApiKey, Tenant
 
-_AUTH_CACHE = "auth:{prefix}"
-_MISSING = "missing"
 _LAST_USED_EVERY_SECONDS = 60
 # Sent inside the rotation's transaction (old=, new=): apps that attach data to a key move it along.
 rotated = Signal()
@@ -81,7 +84,8 @@ def apikey_rotate(*, api_key: ApiKey, grace_seconds: int = 0) -> tuple[ApiKey, s
         allowed_models=api_key.allowed_models,
         is_admin=api_key.is_admin,
     )
-    apikey_revoke(api_key=api_key, at=timezone.now() + dt.timedelta(seconds=max(0, grace_seconds)))
+    api_key.revoked_at = timezone.now() + dt.timedelta(seconds=max(0, grace_seconds))
+    api_key.save(update_fields=["revoked_at"])
     rotated.send(sender=ApiKey, old=api_key, new=new_key)
     return new_key, plaintext
 
@@ -91,33 +95,50 @@ def apikey_find(*, key_or_prefix: str) -> ApiKey:
     return ApiKey.objects.select_related("tenant").get(prefix=prefix)
 
 
-def apikey_revoke(*, api_key: ApiKey, at: dt.datetime | None = None) -> ApiKey:
-    """Revoke now (or at a later time, for rotation grace periods); effective in every web process at once."""
-    api_key.revoked_at = at or timezone.now()
+@transaction.atomic
+def apikey_revoke(*, api_key: ApiKey) -> bool:
+    """Revoke the key now, also one still in a rotation's grace period; False if it was revoked already.
+
+    A key revoked in the past keeps its revocation time. When this returns (outside a transaction;
+    else when the caller's transaction commits), no request authenticated with the key starts any
+    more, in any web process: the post-save hook clears its cached record after commit.
+    """
+    now = timezone.now()
+    current = ApiKey.objects.select_for_update().only("revoked_at").get(pk=api_key.pk)
+    if current.revoked_at is not None and current.revoked_at <= now:
+        api_key.revoked_at = current.revoked_at
+        return False
+    api_key.revoked_at = now
     api_key.save(update_fields=["revoked_at"])
-    transaction.on_commit(lambda: apikey_cache_forget(prefix=api_key.prefix))
-    return api_key
+    return True
 
 
-def apikey_cache_forget(*, prefix: str) -> None:
-    get_redis().delete(_AUTH_CACHE.format(prefix=prefix))
+def apikey_cache_forget_on_commit(*, prefixes: list[str]) -> None:
+    """Clear the keys' cached auth records once the current transaction commits (at once outside one)."""
+    if prefixes:
+        transaction.on_commit(lambda: auth_cache.forget(prefixes))
 
 
 def _cached_key_record(prefix: str) -> dict | None:
     """The key's auth record from Redis, falling back to PostgreSQL (and caching the answer)."""
-    redis = get_redis()
-    cache_key = _AUTH_CACHE.format(prefix=prefix)
-    cached = redis.get(cache_key)
-    if cached == _MISSING:
+    cached, generation = auth_cache.read(prefix)  # the generation is read before the database is
+    if cached == auth_cache.MISSING:
         return None
     if cached is not None:
         return json.loads(cached)
+    record = _key_record_from_db(prefix)
+    if record is None:
+        auth_cache.store_missing(prefix, generation=generation)
+        return None
+    auth_cache.store_record(prefix, json.dumps(record), generation=generation)
+    return record
+
+
+def _key_record_from_db(prefix: str) -> dict | None:
     api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
     if api_key is None:
-        # A short negative cache keeps a flood of bad keys off the database.
-        redis.set(cache_key, _MISSING, ex=5)
         return None
-    record = {
+    return {
         "key_id": api_key.id,
         "tenant_id": api_key.tenant_id,
         "tenant_name": api_key.tenant.name,
@@ -127,9 +148,6 @@ def _cached_key_record(prefix: str) -> dict | None:
         "expires_at": api_key.expires_at.timestamp() if api_key.expires_at else None,
         "revoked_at": api_key.revoked_at.timestamp() if api_key.revoked_at else None,
     }
-    if settings.AUTH_CACHE_SECONDS:
-        redis.set(cache_key, json.dumps(record), ex=settings.AUTH_CACHE_SECONDS)
-    return record
 
 
 def apikey_authenticate(*, plaintext: str) -> KeyPrincipal:

@@ -1,0 +1,77 @@
+"""The Redis cache of API key records (`auth:<prefix>`), safe against lookups racing a change.
+
+A lookup that misses the cache reads the key's row from PostgreSQL and writes it back. If the row
+changes (revoked, tenant suspended) between that read and that write, a plain write would put the
+stale record back after the change had cleared it, for up to AUTH_CACHE_SECONDS. So each prefix has
+a generation counter (`authgen:<prefix>`): a change bumps it and deletes the record after its
+transaction commits, and a lookup writes only if the generation it read *before* its database
+query is still current (checked and written atomically in Lua). Hence: once `forget` has returned,
+no lookup can leave an older record in the cache.
+"""
+
+import functools
+from collections.abc import Iterable
+
+from django.conf import settings
+
+from config.redis_client import get_redis
+
+MISSING = "missing"
+# A short negative cache keeps a flood of bad keys off the database.
+MISSING_SECONDS = 5
+# Far longer than any lookup's database query takes: a lookup that read a generation which has
+# expired since sees "0" instead and does not write. Expiring keeps revoked keys from piling up.
+GENERATION_SECONDS = 86400
+
+_STORE_IF_CURRENT = """
+if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[1] then
+    return 0
+end
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+return 1
+"""
+
+
+@functools.cache
+def _store_if_current():
+    return get_redis().register_script(_STORE_IF_CURRENT)
+
+
+def _record_key(prefix: str) -> str:
+    return f"auth:{prefix}"
+
+
+def _generation_key(prefix: str) -> str:
+    return f"authgen:{prefix}"
+
+
+def read(prefix: str) -> tuple[str | None, str]:
+    """The cached record (JSON, MISSING or None) and the generation to pass back to `store`."""
+    cached, generation = get_redis().mget(_record_key(prefix), _generation_key(prefix))
+    return cached, generation or "0"
+
+
+def store(prefix: str, value: str, *, generation: str, seconds: int) -> bool:
+    """Cache `value` unless the key changed since `generation` was read; True if written."""
+    if seconds <= 0:
+        return False
+    keys = [_record_key(prefix), _generation_key(prefix)]
+    return bool(_store_if_current()(keys=keys, args=[generation, value, seconds]))
+
+
+def store_record(prefix: str, record: str, *, generation: str) -> bool:
+    return store(prefix, record, generation=generation, seconds=settings.AUTH_CACHE_SECONDS)
+
+
+def store_missing(prefix: str, *, generation: str) -> bool:
+    return store(prefix, MISSING, generation=generation, seconds=MISSING_SECONDS)
+
+
+def forget(prefixes: Iterable[str]) -> None:
+    """Drop the cached records and invalidate every lookup in flight (call after the change commits)."""
+    pipe = get_redis().pipeline(transaction=True)
+    for prefix in prefixes:
+        pipe.incr(_generation_key(prefix))
+        pipe.expire(_generation_key(prefix), GENERATION_SECONDS)
+        pipe.delete(_record_key(prefix))
+    pipe.execute()
