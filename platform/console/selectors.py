@@ -24,11 +24,13 @@ from config.redis_client import get_redis
 from console.services import throttle_events_key
 from gateway.pools import PoolDemand, pool_demand
 from ledger.models import UsageRecord
+from ledger.services import LEDGER_REJECTED
 from quotas.admission import LIMIT_NAMES
 from quotas.limits import Period as BillingPeriod
 from quotas.limits import limits_for
 from quotas.models import KeyQuota, LimitFields, Plan, TenantQuota
 from tenants.models import ApiKey, Tenant
+from workers.protocol import Usage
 
 FAILED_STATUSES = (UsageRecord.Status.ERROR, UsageRecord.Status.WORKER_LOST)
 OVERVIEW_WINDOW = dt.timedelta(minutes=5)
@@ -482,3 +484,18 @@ def throttle_summary(events: list[ThrottleEvent]) -> list[tuple[str, int]]:
     for event in events:
         counts[event.limit_label] = counts.get(event.limit_label, 0) + 1
     return sorted(counts.items(), key=lambda item: -item[1])
+
+
+def usage_not_in_ledger() -> list[dict]:
+    """Usage the ledger refused (`ledger:rejected`: its key or tenant was deleted while it ran),
+    newest first: it keeps its tenant's invoice for that month open until an operator settles it."""
+    usages = [Usage.loads(raw) for _, raw in get_redis().hscan_iter(LEDGER_REJECTED, count=500)]
+    names = dict(Tenant.objects.filter(id__in={u.tenant_id for u in usages}).values_list("id", "name"))
+    return [
+        {"usage": usage, "tenant_name": names.get(usage.tenant_id), "finished_at": _from_unix(usage.finished_at)}
+        for usage in sorted(usages, key=lambda u: u.finished_at, reverse=True)
+    ]
+
+
+def _from_unix(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)

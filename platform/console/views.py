@@ -24,7 +24,6 @@ from billing.services import invoice_as_csv, invoice_build
 from console import selectors, services
 from console.forms import (
     ApiKeyCreateForm,
-    ConsoleLoginForm,
     InvoiceBuildForm,
     KeyQuotaForm,
     KeyRotateForm,
@@ -35,6 +34,7 @@ from console.forms import (
     UsageFilterForm,
 )
 from console.models import TenantMembership
+from console.signin import ConsoleLoginForm
 from quotas.limits import Period as BillingPeriod
 from quotas.models import KeyQuota, Plan
 from quotas.services import CLEAR, key_quota_set, plan_create, plan_update, tenant_quota_get, tenant_quota_set
@@ -188,8 +188,7 @@ def tenant_keys(request, tenant):
 def key_revoke(request, tenant, key_id: int):
     api_key = selectors.apikey_get(tenant=tenant, key_id=key_id)
     if request.method == "POST":
-        if api_key.revoked_at is None:
-            apikey_revoke(api_key=api_key)
+        if apikey_revoke(api_key=api_key):
             messages.success(request, f"Key {api_key.prefix} revoked; requests with it are refused from now on.")
         return redirect("console:tenant_keys", tenant_name=tenant.name)
     return render(request, "console/key_revoke.html", _tenant_context(request, tenant, "keys", api_key=api_key))
@@ -329,7 +328,8 @@ def plan_edit(request, plan_name: str | None = None):
 def invoice_list(request):
     status = request.GET.get("status", "")
     page = Paginator(selectors.invoice_list(tenant=None, status=status), 50).get_page(request.GET.get("page"))
-    return render(request, "console/invoice_list.html", {"page": page, "status": status, "nav": "invoices"})
+    context = {"page": page, "status": status, "nav": "invoices", "unwritten": selectors.usage_not_in_ledger()}
+    return render(request, "console/invoice_list.html", context)
 
 
 @tenant_required

@@ -160,3 +160,19 @@ def test_a_tenant_admin_restricts_one_of_their_keys(
     client.force_login(tenant_admins["bob"])
     assert client.post(f"/console/tenants/alice/keys/{key.id}/limits/", {"rpm": "0"}).status_code == 404
     assert client.post(f"/console/tenants/bob/keys/{key.id}/limits/", {"rpm": "0"}).status_code == 404
+
+
+def test_usage_the_ledger_refused_is_listed_for_operators_only(client, operator, tenant_admins, tenants, redis_client):
+    from ledger.services import LEDGER_REJECTED
+    from workers.protocol import Usage
+
+    refused = Usage(request_id="chatcmpl-refused-1", tenant_id=tenants["alice"].id, key_id=4242, model="tiny-gemma4",
+                    prompt_tokens=12, completion_tokens=34, finished_at=timezone.now().timestamp())  # fmt: skip
+    redis_client.hset(LEDGER_REJECTED, refused.request_id, refused.dumps())
+
+    client.force_login(operator)
+    page = client.get("/console/invoices/").content.decode()
+    assert "Usage the ledger refused" in page and "chatcmpl-refused-1" in page and "alice" in page
+
+    client.force_login(tenant_admins["alice"])
+    assert client.get("/console/invoices/").status_code in (302, 403, 404)
