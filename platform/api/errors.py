@@ -7,6 +7,8 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
+from config.database import OUTAGE_ERRORS, DatabaseUnavailable
+
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -14,6 +16,7 @@ _TYPES = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     409: "invalid_request_error",
+    413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
 }
@@ -41,7 +44,16 @@ def error_body(message: str, status_code: int, *, param=None, code=None) -> dict
                       "code": code}}  # fmt: skip
 
 
+class DatabaseDown(exceptions.APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "The database is unavailable; try again shortly."
+    default_code = "database_unavailable"
+
+
 def exception_handler(exc, context):
+    if isinstance(exc, (DatabaseUnavailable, *OUTAGE_ERRORS)):
+        exc = DatabaseDown()
+        exc.wait = 5
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):

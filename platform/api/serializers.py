@@ -1,6 +1,7 @@
 """Input and output shapes of the management API. Inputs are strict: a field that is not writable
 (a tenant, usage or billing field, or a typo) is a 400 naming it, never silently applied or ignored."""
 
+from django.db import connection
 from rest_framework import serializers
 
 from billing.models import Invoice, InvoiceLine
@@ -20,8 +21,20 @@ class StrictInput(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+def column_max(model, name: str) -> int:
+    """The largest value the database column of `model.name` (an integer field) holds: a value past it
+    is a 400 naming the field, not a database error."""
+    return connection.ops.integer_field_range(model._meta.get_field(name).get_internal_type())[1]
+
+
 def _limit_field():
-    return serializers.IntegerField(min_value=0, allow_null=True, required=False)
+    return serializers.IntegerField(
+        min_value=0, max_value=column_max(Plan, "rpm"), allow_null=True, required=False
+    )  # the five limits share one column type (quotas.models.LimitFields)
+
+
+def _plan_integer(name: str, *, min_value: int = 0):
+    return serializers.IntegerField(min_value=min_value, max_value=column_max(Plan, name), required=False)
 
 
 class LimitsInput(StrictInput):
@@ -56,11 +69,11 @@ class PlanInput(LimitsInput):
     name = serializers.SlugField(max_length=64)
     display_name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False)
-    price_input_per_1m_micros = serializers.IntegerField(min_value=0, required=False)
-    price_output_per_1m_micros = serializers.IntegerField(min_value=0, required=False)
-    reserved_throughput_fee_micros = serializers.IntegerField(min_value=0, required=False)
-    guaranteed_tokens_per_second = serializers.IntegerField(min_value=0, required=False)
-    fair_share_weight = serializers.IntegerField(min_value=1, required=False)
+    price_input_per_1m_micros = _plan_integer("price_input_per_1m_micros")
+    price_output_per_1m_micros = _plan_integer("price_output_per_1m_micros")
+    reserved_throughput_fee_micros = _plan_integer("reserved_throughput_fee_micros")
+    guaranteed_tokens_per_second = _plan_integer("guaranteed_tokens_per_second")
+    fair_share_weight = _plan_integer("fair_share_weight", min_value=1)
 
 
 # -- tenants -------------------------------------------------------------------------------------

@@ -11,13 +11,13 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, status
-from rest_framework.authentication import SessionAuthentication
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api import serializers as s
-from api.authentication import StaffTokenAuthentication, TenantAdminKeyAuthentication
 from api.errors import Conflict, exception_handler
+from api.parsers import StrictJSONParser
 from api.permissions import OperatorOrTenantAdmin, is_operator, tenants_visible
 from billing.models import Invoice, UsageRollup
 from billing.selectors import throughput
@@ -26,12 +26,13 @@ from quotas.limits import Period, limits_for
 from quotas.models import KeyQuota, Plan
 from quotas.services import CLEAR, key_quota_set, plan_create, plan_update, tenant_quota_get, tenant_quota_set
 from tenants.models import ApiKey
-from tenants.services import apikey_cache_forget, apikey_create, apikey_revoke, apikey_rotate, tenant_create
+from tenants.services import apikey_create, apikey_revoke, apikey_rotate, tenant_create
 
 
 class ManagementView(APIView):
-    authentication_classes = [StaffTokenAuthentication, TenantAdminKeyAuthentication, SessionAuthentication]
+    # Authentication: REST_FRAMEWORK["DEFAULT_AUTHENTICATION_CLASSES"] (staff token, tenant admin key, session).
     permission_classes = [OperatorOrTenantAdmin]
+    parser_classes = [StrictJSONParser, FormParser, MultiPartParser]
 
     def get_exception_handler(self):
         return exception_handler
@@ -137,10 +138,7 @@ class TenantDetailView(ManagementView):
             for name, value in data.items():
                 setattr(found, name, value)
             found.full_clean()
-            found.save()
-            if "is_active" in data:
-                for prefix in found.api_keys.values_list("prefix", flat=True):
-                    transaction.on_commit(lambda p=prefix: apikey_cache_forget(prefix=p))
+            found.save()  # clears its keys' cached auth records on commit (tenants.signals)
         return Response(s.TenantOutput(self.tenant(tenant)).data)
 
 
@@ -191,8 +189,7 @@ class KeyRevokeView(ManagementView):
     @extend_schema(request=None, responses=s.KeyOutput)
     def post(self, request, tenant: str, prefix: str):
         api_key = self.api_key(self.tenant(tenant), prefix)
-        if api_key.revoked_at is None or api_key.revoked_at > timezone.now():
-            apikey_revoke(api_key=api_key)
+        apikey_revoke(api_key=api_key)
         return Response(s.KeyOutput(api_key).data)
 
 

@@ -4,7 +4,12 @@ Django runs a request through the middleware stack in the mode of each middlewar
 sync-capable makes the handler adapt the rest of the stack around it (sync_to_async, then
 async_to_sync), so every request, the async inference views included, would hold a thread while it
 runs. Every entry of settings.MIDDLEWARE is therefore sync- and async-capable.
+
+RequestBodyLimit is ASGI middleware around the whole application (config/asgi.py): it answers an
+over-size body before Django reads it.
 """
+
+import json
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from whitenoise.middleware import WhiteNoiseMiddleware
@@ -64,3 +69,101 @@ class StaticFilesMiddleware(SyncAndAsyncMiddleware):
         if not path.startswith(self._whitenoise.static_prefix):
             return None
         return await sync_to_async(self._whitenoise.find_file, thread_sensitive=False)(path)
+
+
+class RequestBodyLimit:
+    """ASGI middleware: a request body over `limit` bytes is answered 413 with `Connection: close`
+    here, before Django reads it (Django's ASGI handler reads a whole body, spooled to disk, before
+    any view runs).
+
+    A body declared too large (Content-Length) is drained first, when it is at most `drain_limit`
+    bytes, so that closing the connection does not reset it under the client while it still sends:
+    the client reads the 413 rather than a broken pipe. A chunked body is counted as it arrives and
+    cut off (Django sees a disconnect) once over the limit. Either way the connection is closed after
+    the 413: what is left of the body is never parsed as the next request."""
+
+    def __init__(self, app, *, limit: int, drain_limit: int):
+        self.app, self.limit, self.drain_limit = app, limit, drain_limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.limit:
+            if declared <= self.drain_limit and not _expects_continue(scope):
+                await _drain(receive, self.drain_limit)
+            return await self._too_large(scope, send)
+        counted = _CountedBody(receive, self.limit, self.drain_limit)
+        await self.app(scope, counted, send)
+        if counted.exceeded:
+            await self._too_large(scope, send)
+
+    async def _too_large(self, scope, send) -> None:
+        from config.error_views import api_error_body, is_api_path
+
+        message = f"The request body exceeds {self.limit} bytes."
+        path = scope["path"]
+        if is_api_path(path):
+            body = json.dumps(api_error_body(path, 413, message, "payload_too_large")).encode()
+            content_type = b"application/json"
+        else:
+            body, content_type = b"413 Payload too large", b"text/plain; charset=utf-8"
+        headers = [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key.lower() == name:
+            return value
+    return None
+
+
+def _declared_length(scope) -> int | None:
+    value = _header(scope, b"content-length")
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _expects_continue(scope) -> bool:
+    # The client waits for "100 Continue" before it sends the body: nothing to drain.
+    return (_header(scope, b"expect") or b"").lower() == b"100-continue"
+
+
+async def _drain(receive, most: int) -> None:
+    """Read and drop the request body, up to `most` bytes."""
+    seen = 0
+    while seen <= most:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+class _CountedBody:
+    """An ASGI `receive` that counts the body; past `limit` bytes it drains the rest (up to
+    `drain_limit`) and answers a disconnect, which makes Django give the request up unanswered."""
+
+    def __init__(self, receive, limit: int, drain_limit: int):
+        self._receive, self._limit, self._drain_limit = receive, limit, drain_limit
+        self._seen = 0
+        self.exceeded = False
+
+    async def __call__(self):
+        if self.exceeded:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self._seen += len(message.get("body", b""))
+            if self._seen > self._limit:
+                self.exceeded = True
+                if message.get("more_body", False):
+                    await _drain(self._receive, self._drain_limit)
+                return {"type": "http.disconnect"}
+        return message

@@ -34,7 +34,9 @@ if env_bool("DATABASE_POOL", True):
     DATABASES["default"]["OPTIONS"]["pool"] = {
         "min_size": 1,
         "max_size": env_int("DATABASE_POOL_MAX_SIZE", 16, minimum=1),
-        "timeout": env_float("DATABASE_POOL_TIMEOUT", 30.0),
+        # Short: a gateway thread never waits for a connection (GATEWAY_THREADS <= the pool), and
+        # during an outage the one request that tries PostgreSQL again waits this long (config/database.py).
+        "timeout": env_float("DATABASE_POOL_TIMEOUT", 5.0),
     }
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool
 else:
@@ -136,6 +138,9 @@ AUTH_CACHE_SECONDS = env_int("AUTH_CACHE_SECONDS", 30, minimum=0)
 WORKER_HEARTBEAT_TIMEOUT = env_float("WORKER_HEARTBEAT_TIMEOUT", 10.0)
 # How long a request may wait in the pool's queue before it is given up with a 503.
 QUEUE_TIMEOUT_SECONDS = env_float("QUEUE_TIMEOUT_SECONDS", 300.0)
+# How long a request a worker claimed (took from Redis) may go without its start entry before the
+# gateway ends it as worker_lost (a claimer that stops heartbeating ends it sooner).
+WORKER_START_TIMEOUT_SECONDS = env_float("WORKER_START_TIMEOUT_SECONDS", 30.0)
 # The gateway writes finished requests' ledger rows in batches this often (ledger/writer.py);
 # quotas settle at once either way. 0: one INSERT per request, in the request's thread.
 LEDGER_BATCH_SECONDS = max(0.0, env_float("LEDGER_BATCH_SECONDS", 0.1))
@@ -159,6 +164,15 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # What docs/api.md documents, for every DRF view including the schema and docs pages: staff
+    # tokens, tenant admin keys and the operator's session. Never DRF's default Basic auth, which
+    # would check passwords with no rate limit (passwords are checked only by the throttled
+    # sign-in forms, console.signin).
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "api.authentication.StaffTokenAuthentication",
+        "api.authentication.TenantAdminKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Gemma hosting platform management API",

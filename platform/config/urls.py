@@ -7,3 +7,9 @@ urlpatterns = [
     path("console/", include("console.urls")),
     path("", include("gateway.urls")),
 ]
+
+# JSON errors in the API's shape under /v1/ and /api/v1/, HTML elsewhere (config/error_views.py).
+handler400 = "config.error_views.bad_request"
+handler403 = "config.error_views.permission_denied"
+handler404 = "config.error_views.not_found"
+handler500 = "config.error_views.server_error"

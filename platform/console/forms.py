@@ -1,62 +1,19 @@
 from __future__ import annotations
 
-import logging
 from decimal import Decimal
 
-import redis
 from django import forms
-from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
+from api.serializers import column_max
 from catalog.models import ServedModel
-from console import services
 from console.selectors import LIMIT_LABELS
 from quotas.models import LimitFields, Plan
 from quotas.services import CLEAR
 from tenants.models import Tenant
 
-log = logging.getLogger(__name__)
 # /console/tenants/new/ is the creation page.
 RESERVED_TENANT_NAMES = {"new"}
-
-
-class ConsoleLoginForm(AuthenticationForm):
-    """Django's login form, rate limited per client address and username before the password is checked."""
-
-    error_messages = {
-        **AuthenticationForm.error_messages,
-        "throttled": "Too many failed sign-in attempts. Try again in %(minutes)s minute(s).",
-        "unavailable": "Sign-in is unavailable right now; try again shortly.",
-        "no_console": "This account has no access to the console.",
-    }
-
-    def _address(self) -> str:
-        return self.request.META.get("REMOTE_ADDR", "") if self.request else ""
-
-    def clean(self):
-        username = self.cleaned_data.get("username") or ""
-        address = self._address()
-        try:
-            throttle = services.login_throttle_check(address=address, username=username)
-        except redis.RedisError:
-            # Fail closed: without the counter a password could be guessed at any rate.
-            log.exception("login rate limiter unreachable")
-            raise ValidationError(self.error_messages["unavailable"], code="unavailable") from None
-        if not throttle.allowed:
-            minutes = max(1, -(-throttle.retry_after // 60))
-            raise ValidationError(self.error_messages["throttled"], code="throttled", params={"minutes": minutes})
-        try:
-            cleaned = super().clean()
-        except ValidationError:
-            services.login_failure_record(address=address, username=username)
-            raise
-        services.login_success_record(address=address, username=username)
-        return cleaned
-
-    def confirm_login_allowed(self, user):
-        super().confirm_login_allowed(user)
-        if not user.is_staff and not hasattr(user, "tenant_membership"):
-            raise ValidationError(self.error_messages["no_console"], code="no_console")
 
 
 class TenantCreateForm(forms.Form):
@@ -183,8 +140,9 @@ class LimitsForm(forms.Form):
         super().__init__(*args, **kwargs)
         for name, label in LIMIT_LABELS.items():
             self.fields[name] = forms.IntegerField(
-                min_value=0, required=False, label=label, help_text=f"Empty: {self.empty_means}."
-            )
+                min_value=0, max_value=column_max(Plan, name), required=False, label=label,
+                help_text=f"Empty: {self.empty_means}.",
+            )  # fmt: skip
 
     def limits(self) -> dict:
         """For quotas.services: an empty field clears the value (CLEAR)."""

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 
+from config.database import DatabaseUnavailable
 from config.middleware import SyncAndAsyncMiddleware
 from console.services import throttle_record
 from gateway.offload import run_blocking
@@ -52,7 +53,7 @@ class ThrottleEventMiddleware(SyncAndAsyncMiddleware):
             return
         try:
             principal = apikey_authenticate(plaintext=token)
-        except AuthenticationFailed:
+        except (AuthenticationFailed, DatabaseUnavailable):
             return
         error = json.loads(response.content or b"{}").get("error", {}) if not response.streaming else {}
         retry_after = response.headers.get("Retry-After")

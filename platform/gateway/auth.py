@@ -1,6 +1,7 @@
 """Bearer API key authentication for the inference API."""
 
-from gateway.errors import Unauthorized
+from config.database import DatabaseUnavailable
+from gateway.errors import ServiceUnavailable, Unauthorized
 from tenants.services import AuthenticationFailed, KeyPrincipal, apikey_authenticate
 
 
@@ -16,3 +17,9 @@ def authenticate(request) -> KeyPrincipal:
         return apikey_authenticate(plaintext=token.strip())
     except AuthenticationFailed as exc:
         raise Unauthorized(str(exc), code="invalid_api_key") from None
+    except DatabaseUnavailable:
+        # A key this platform has not seen lately, during a database outage: neither yes nor no.
+        raise ServiceUnavailable(
+            "This API key cannot be checked right now (database unavailable); try again shortly.",
+            code="database_unavailable", headers={"Retry-After": "5"},
+        ) from None  # fmt: skip

@@ -10,6 +10,7 @@ from gateway.errors import InvalidRequest, ServiceUnavailable
 
 _load_lock = threading.Lock()
 _tokenizers: dict = {}  # model path -> tokenizer; at most a handful of models per deployment
+_longest_token: dict[str, int] = {}  # model path -> characters of its vocabulary's longest token
 
 
 def tokenizer_for(path: str):
@@ -48,6 +49,33 @@ def completion_prompt_ids(path: str, prompt: str | list[int]) -> list[int]:
     return list(tokenizer.encode(prompt, add_special_tokens=True))
 
 
+def prompt_tokens_at_least(path: str, *, messages: list[dict] | None, prompt: str | list[int] | None) -> int:
+    """A lower bound of the prompt's token count, found without tokenizing it, so that admission can
+    refuse an oversized prompt before paying for its tokenization.
+
+    No token covers more characters of text than the longest token of the vocabulary (in byte-level
+    BPE a token's string has a character per byte; a SentencePiece piece has a character per
+    character). This holds for tokenizers that drop no characters of the text (byte-level BPE and
+    SentencePiece drop none) and chat templates that keep each message's content, at most trimmed
+    (Gemma's do)."""
+    if isinstance(prompt, list):
+        return len(prompt)
+    if prompt is not None:
+        chars = len(prompt)
+    else:
+        chars = sum(len(message["content"].strip()) for message in messages or ())
+    return -(-chars // _longest_token_chars(path))
+
+
+def _longest_token_chars(path: str) -> int:
+    longest = _longest_token.get(path)
+    if longest is None:
+        tokenizer = tokenizer_for(path)
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        longest = _longest_token[path] = max((len(piece) for piece in pieces if piece), default=1)
+    return longest
+
+
 def preload_tokenizers() -> int:
     """Load the tokenizer of every enabled model now (a web process calls it before serving),
     so that no client request waits seconds for the first load. Returns how many were loaded."""
@@ -56,5 +84,6 @@ def preload_tokenizers() -> int:
     loaded = 0
     for path in set(ServedModel.objects.filter(is_enabled=True).values_list("path", flat=True)):
         tokenizer_for(path)
+        _longest_token_chars(path)
         loaded += 1
     return loaded

@@ -1,7 +1,8 @@
 """The OpenAI-compatible inference API: /v1/models, /v1/chat/completions, /v1/completions.
 
-Plain Django views (no DRF on the hot path): authenticate → validate → tokenize → wait for a worker
-→ enqueue → relay. Every failure is an OpenAI-shaped error; bad input is always a 4xx.
+Plain Django views (no DRF on the hot path): authenticate → validate → refuse early what admission
+would refuse → tokenize → wait for a worker → admit → enqueue → relay. Every failure is an
+OpenAI-shaped error; bad input is always a 4xx.
 
 The inference views are async: the blocking steps up to the enqueue run as one call on a gateway
 thread (gateway/offload.py), and the relay runs on the event loop, so an open stream holds no thread.
@@ -26,6 +27,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from catalog.models import ServedModel
 from catalog.selectors import served_model_get, served_models_for
+from config.database import DatabaseUnavailable
 from config.redis_client import REDIS_UNAVAILABLE
 from gateway import dispatch, tokenization
 from gateway.auth import authenticate
@@ -42,7 +44,9 @@ from gateway.formats import ChunkWriter, completion_body
 from gateway.offload import run_blocking
 from gateway.validation import InferenceRequest, chat_request, completion_request, parse_json_body
 from quotas.admission import quota_release
-from quotas.gate import admission_gate
+from quotas.gate import admission_check, admission_gate
+from quotas.limits import Limits, limits_for
+from tenants.services import KeyPrincipal
 from workers.protocol import RequestInput, Usage
 
 log = logging.getLogger(__name__)
@@ -60,7 +64,7 @@ def openai_endpoint(*methods: str):
                 try:
                     _check_method(request, methods)
                     return await view(request, *args, **kwargs)
-                except (OpenAIError, OperationalError, InterfaceError, *REDIS_UNAVAILABLE) as exc:
+                except (OpenAIError, DatabaseUnavailable, OperationalError, InterfaceError, *REDIS_UNAVAILABLE) as exc:
                     return _error_response(request, exc)
 
         else:
@@ -70,7 +74,7 @@ def openai_endpoint(*methods: str):
                 try:
                     _check_method(request, methods)
                     return view(request, *args, **kwargs)
-                except (OpenAIError, OperationalError, InterfaceError, *REDIS_UNAVAILABLE) as exc:
+                except (OpenAIError, DatabaseUnavailable, OperationalError, InterfaceError, *REDIS_UNAVAILABLE) as exc:
                     return _error_response(request, exc)
 
         return csrf_exempt(wrapper)
@@ -108,18 +112,24 @@ async def model_detail(request, model_id: str):
     return await run_blocking(_model_detail, request, model_id)
 
 
-def _models_list(request) -> JsonResponse:
+def _caller(request) -> tuple[KeyPrincipal, Limits]:
+    """The authenticated key and the limits that apply to it (its plan's models among them)."""
     principal = authenticate(request)
+    return principal, limits_for(tenant_id=principal.tenant_id, key_id=principal.key_id)
+
+
+def _models_list(request) -> JsonResponse:
+    principal, limits = _caller(request)
     data = [
         {"id": m.model_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": "gemma-platform"}
-        for m in served_models_for(principal)
+        for m in served_models_for(principal=principal, limits=limits)
     ]
     return JsonResponse({"object": "list", "data": data})
 
 
 def _model_detail(request, model_id: str) -> JsonResponse:
-    principal = authenticate(request)
-    model = served_model_get(principal, model_id)
+    principal, limits = _caller(request)
+    model = served_model_get(principal=principal, limits=limits, model_id=model_id)
     return JsonResponse(
         {
             "id": model.model_id,
@@ -207,28 +217,37 @@ def _abandon_if_enqueued(step: asyncio.Future) -> None:
 
 
 def _admit_and_enqueue(request, parse) -> _Enqueued:
-    """Authenticate, validate, tokenize, wait for a worker, admit and enqueue (blocking; on a gateway
-    thread, whose database connection `run_blocking` gives back at the end).
+    """Authenticate, validate, refuse early, tokenize, wait for a worker, admit and enqueue (blocking;
+    on a gateway thread, whose database connection `run_blocking` gives back at the end).
 
+    Cheap refusals come before the expensive steps: a request over its limits costs no tokenization
+    and is never counted as demand for its pool (`pool:<pool>:waiting`, which the operator scales on).
     Raises the OpenAIError to answer; on success the request is in its pool's queue and settled
     through the ledger from here on."""
-    principal = authenticate(request)
+    principal, limits = _caller(request)
     spec: InferenceRequest = parse(_read_body(request))
-    model = served_model_get(principal, spec.model)
-    if spec.kind == "chat":
-        prompt_ids = tokenization.chat_prompt_ids(model.path, spec.messages)
-    else:
-        prompt_ids = tokenization.completion_prompt_ids(model.path, spec.prompt)
+    model = served_model_get(principal=principal, limits=limits, model_id=spec.model)
+    check = functools.partial(
+        admission_check, principal=principal, limits=limits, implicit_max_tokens=spec.max_tokens is None,
+        prompt_param=_prompt_param(spec),
+    )  # fmt: skip
+    # First with a lower bound of the prompt's size (no tokenizing), then with the exact size.
+    prompt_at_least = tokenization.prompt_tokens_at_least(model.path, messages=spec.messages, prompt=spec.prompt)
+    bound_max_tokens = _max_tokens(spec, model.context_length, prompt_at_least, at_least=True)
+    check(prompt_tokens=prompt_at_least, max_tokens=bound_max_tokens, at_least=True)
+    prompt_ids = _prompt_ids(model, spec)
     max_tokens = _max_tokens(spec, model.context_length, len(prompt_ids))
+    check(prompt_tokens=len(prompt_ids), max_tokens=max_tokens)
     # Give the database connection back before anything that can wait (a pool scaling from zero, the
     # pool's fair share): a waiting request holds its gateway thread, not a PostgreSQL connection.
     db.connection.close()
     ready = dispatch.await_worker(model)
     request_id = f"{'chatcmpl' if spec.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     admitted_at = time.time()
-    # Quotas (429, nothing enqueued) and the pool's fair share; settled through the ledger from here on.
+    # The exact reservation (429, nothing enqueued; a check above may have been overtaken by other
+    # requests) and the pool's fair share; settled through the ledger from here on.
     admitted = admission_gate(
-        principal=principal, model=model, request_id=request_id, prompt_tokens=len(prompt_ids),
+        principal=principal, limits=limits, model=model, request_id=request_id, prompt_tokens=len(prompt_ids),
         max_tokens=max_tokens, implicit_max_tokens=spec.max_tokens is None, ready_workers=ready,
     )  # fmt: skip
     job = RequestInput(
@@ -250,21 +269,34 @@ def _admit_and_enqueue(request, parse) -> _Enqueued:
     return _Enqueued(job, model, spec, dict(admitted.headers))
 
 
-def _max_tokens(spec: InferenceRequest, context_length: int, prompt_tokens: int) -> int:
+def _prompt_param(spec: InferenceRequest) -> str:
+    return "messages" if spec.kind == "chat" else "prompt"
+
+
+def _prompt_ids(model: ServedModel, spec: InferenceRequest) -> list[int]:
+    if spec.kind == "chat":
+        return tokenization.chat_prompt_ids(model.path, spec.messages)
+    return tokenization.completion_prompt_ids(model.path, spec.prompt)
+
+
+def _max_tokens(spec: InferenceRequest, context_length: int, prompt_tokens: int, *, at_least: bool = False) -> int:
+    """The completion's length to reserve; 400 if the prompt and max_tokens cannot fit the context.
+    `at_least`: `prompt_tokens` is a lower bound of the prompt's size."""
     room = context_length - prompt_tokens
-    param = "messages" if spec.kind == "chat" else "prompt"
+    counted = f"at least {prompt_tokens}" if at_least else str(prompt_tokens)
     if room < 1:
         raise InvalidRequest(
-            f"This model's maximum context length is {context_length} tokens; the prompt has {prompt_tokens}.",
-            param=param,
+            f"This model's maximum context length is {context_length} tokens; the prompt has {counted}.",
+            param=_prompt_param(spec),
             code="context_length_exceeded",
         )
     if spec.max_tokens is None:
         return room
     if spec.max_tokens > room:
+        requested = f"at least {prompt_tokens + spec.max_tokens}" if at_least else prompt_tokens + spec.max_tokens
         raise InvalidRequest(
             f"This model's maximum context length is {context_length} tokens. You requested "
-            f"{prompt_tokens + spec.max_tokens} tokens ({prompt_tokens} in the prompt, {spec.max_tokens} for the "
+            f"{requested} tokens ({counted} in the prompt, {spec.max_tokens} for the "
             "completion). Reduce the prompt or the completion length.",
             param="max_tokens",
             code="context_length_exceeded",
@@ -290,6 +322,8 @@ async def _collect(job: RequestInput, model, spec: InferenceRequest) -> HttpResp
         await _abandon(job)
         raise
     if isinstance(outcome, Failed):
+        # Settled now too, as a stream that ends with an error is: the periodic flush is only the safety net.
+        await run_blocking(dispatch.record, job.request_id)
         return _failure_error(outcome).response()
     text, usage = outcome
     body = completion_body(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, text, usage)

@@ -7,6 +7,11 @@ max_tokens was not given has it lowered to what is left of its budget and output
 that fits is never refused. `quota_settle` replaces the reservation by the actual usage, exactly once
 per request id: the reservation record `resv:<rid>` is consumed by the first settle.
 
+Before that, the gateway refuses early what admission would refuse, so a refused request costs no
+tokenization and no wait for a worker: `quota_size_check` (no Redis) raises RequestTooLarge for a
+request larger than a limit's whole capacity, which no wait can admit; `quota_check` runs the same
+script without reserving anything and raises QuotaExceeded for a request over a limit right now.
+
 Settle is called where usage becomes durable: when a usage entry is put into, or drained from, the
 `ledger:pending` buffer (ledger.services), which covers a finished request, a client disconnect
 (the worker reports what it generated), a request taken back from the queue and a lost worker.
@@ -64,15 +69,40 @@ class Admitted:
 
 
 class QuotaExceeded(Exception):
-    def __init__(self, *, limit: str, retry_after: int, headers: dict[str, str], too_large: bool = False):
-        self.limit, self.retry_after, self.headers, self.too_large = limit, retry_after, headers, too_large
+    """A limit is used up for now: the request fits once its window (or period) frees up."""
+
+    def __init__(self, *, limit: str, retry_after: int, headers: dict[str, str]):
+        self.limit, self.retry_after, self.headers = limit, retry_after, headers
         what = LIMIT_NAMES[limit]
-        if too_large:
-            message = f"Request too large: it needs more than the {what} limit allows."
-        elif limit == "budget_tokens":
+        if limit == "budget_tokens":
             message = f"You exceeded your {what}; it renews in {retry_after}s."
         else:
             message = f"Rate limit reached for {what}; retry after {retry_after}s."
+        super().__init__(message)
+
+
+class RequestTooLarge(Exception):
+    """The request needs more than a limit's whole capacity: no wait can ever admit it.
+
+    `part` is what to shrink: "prompt", "completion" (max_tokens), or None when the limit admits
+    no request at all (a limit of 0)."""
+
+    def __init__(self, *, limit: str, cap: int, needed: int, part: str | None, at_least: bool = False):
+        self.limit, self.cap, self.needed, self.part = limit, cap, needed, part
+        what = LIMIT_NAMES[limit]
+        counted = f"at least {needed}" if at_least else str(needed)
+        if part is None:
+            message = f"Your {what} limit is {cap}: no request can be admitted."
+        elif part == "prompt":
+            message = (
+                f"The prompt has {counted} tokens, more than your {what} limit of {cap} allows; "
+                "shorten it: no wait can admit this request."
+            )
+        else:
+            message = (
+                f"This request needs {counted} tokens, more than your {what} limit of {cap} allows; "
+                "lower max_tokens: no wait can admit this request."
+            )
         super().__init__(message)
 
 
@@ -104,6 +134,51 @@ def _scope_args(limits: dict | None, used: int) -> list[int]:
     return [UNLIMITED if v is None else int(v) for v in values] + [used]
 
 
+def quota_size_check(
+    *, limits: Limits, prompt_tokens: int, max_tokens: int, implicit_max_tokens: bool, at_least: bool = False
+) -> None:
+    """Raise RequestTooLarge if some limit, even unused, could never admit the request.
+
+    An implicit max_tokens is lowered at admission down to 1, so it never makes a request too large.
+    `at_least`: `prompt_tokens` is a lower bound of the prompt's size (it is not tokenized yet)."""
+    completion = 1 if implicit_max_tokens else max_tokens
+    for scope in (limits.tenant, limits.key):
+        if scope is not None:
+            _scope_size_check(scope, prompt_tokens, completion, at_least)
+
+
+def _scope_size_check(scope: dict, prompt: int, completion: int, at_least: bool) -> None:
+    def over(field: str, needed: int) -> int | None:
+        cap = scope[field]
+        return cap if cap is not None and needed > cap else None
+
+    for limit, field in (("requests", "rpm"), ("concurrency", "concurrency")):
+        if (cap := over(field, 1)) is not None:
+            raise RequestTooLarge(limit=limit, cap=cap, needed=1, part=None)
+    if (cap := over("input_tpm", prompt)) is not None:
+        raise RequestTooLarge(limit="input_tokens", cap=cap, needed=prompt, part="prompt", at_least=at_least)
+    if (cap := over("budget_tokens", prompt + 1)) is not None:
+        raise RequestTooLarge(limit="budget_tokens", cap=cap, needed=prompt + 1, part="prompt", at_least=at_least)
+    if (cap := over("output_tpm", completion)) is not None:
+        raise RequestTooLarge(limit="output_tokens", cap=cap, needed=completion, part="completion")
+    if (cap := over("budget_tokens", prompt + completion)) is not None:
+        needed = prompt + completion
+        raise RequestTooLarge(limit="budget_tokens", cap=cap, needed=needed, part="completion", at_least=at_least)
+
+
+def quota_check(
+    *, tenant_id: int, key_id: int, limits: Limits, prompt_tokens: int, max_tokens: int, implicit_max_tokens: bool
+) -> None:
+    """Decide as `quota_admit` would, reserving nothing: raise QuotaExceeded if the request is over a
+    limit right now. Given a lower bound of the prompt's size, a refusal here is one that admission
+    with the exact size would make too."""
+    _run_admit(
+        request_id="check",  # a check writes no reservation record: the id names none
+        tenant_id=tenant_id, key_id=key_id, limits=limits, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+        implicit_max_tokens=implicit_max_tokens, check_only=True, redis=None,
+    )  # fmt: skip
+
+
 def quota_admit(
     *,
     request_id: str,
@@ -118,9 +193,27 @@ def quota_admit(
     """Check and reserve every limit for one request, or raise QuotaExceeded (nothing reserved).
 
     `redis`: a client to run on (default: the process's shared one)."""
+    return _run_admit(
+        request_id=request_id, tenant_id=tenant_id, key_id=key_id, limits=limits, prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens, check_only=False, redis=redis,
+    )  # fmt: skip
+
+
+def _run_admit(
+    *,
+    request_id: str,
+    tenant_id: int,
+    key_id: int,
+    limits: Limits,
+    prompt_tokens: int,
+    max_tokens: int,
+    implicit_max_tokens: bool,
+    check_only: bool,
+    redis,
+) -> Admitted:
     scopes = [tenant_scope(tenant_id)]
     args = [request_id, prompt_tokens, max_tokens, int(implicit_max_tokens), limits.period.id,
-            int(limits.period.end.timestamp()), HOLD_SECONDS]  # fmt: skip
+            int(limits.period.end.timestamp()), HOLD_SECONDS, int(check_only)]  # fmt: skip
     args += _scope_args(limits.tenant, limits.tenant_used)
     if limits.key is not None:
         scopes.append(key_scope(key_id))
@@ -129,23 +222,9 @@ def quota_admit(
     if reply[0] == 1:
         return Admitted(max_tokens=int(reply[1]), headers=ratelimit_headers(json.loads(reply[2])))
     limit, retry_after = reply[1], int(reply[2])
-    state = json.loads(reply[3])
-    return_headers = ratelimit_headers(state)
-    return_headers["Retry-After"] = str(retry_after)
-    raise QuotaExceeded(
-        limit=limit,
-        retry_after=retry_after,
-        headers=return_headers,
-        too_large=_never_fits(limit, limits, prompt_tokens),
-    )
-
-
-def _never_fits(limit: str, limits: Limits, prompt_tokens: int) -> bool:
-    field = {"input_tokens": "input_tpm", "budget_tokens": "budget_tokens"}.get(limit)
-    if field is None:
-        return False
-    caps = [s[field] for s in (limits.tenant, limits.key) if s is not None and s[field] is not None]
-    return any(prompt_tokens >= cap for cap in caps)
+    headers = ratelimit_headers(json.loads(reply[3]))
+    headers["Retry-After"] = str(retry_after)
+    raise QuotaExceeded(limit=limit, retry_after=retry_after, headers=headers)
 
 
 def quota_settle(*, request_id: str, prompt_tokens: int, completion_tokens: int, redis=None) -> bool:

@@ -1,16 +1,63 @@
-"""The gateway's admission step: plan's models, quotas (429) and the pool's fair share, in that order."""
+"""The gateway's admission steps: refuse early what cannot be admitted now, then reserve the quotas
+and a fair share of the pool.
+
+The view calls `admission_check` before each expensive step (with a lower bound of the prompt's size
+before tokenizing it, with the exact size before waiting for a worker) and `admission_gate` last,
+which reserves. A request larger than a limit's whole capacity is a 400 naming the parameter to
+shrink, without Retry-After (no wait helps); one over a limit for now is a 429 with Retry-After.
+"""
 
 from catalog.models import ServedModel
-from gateway.errors import NotFound, RateLimited
-from quotas.admission import Admitted, QuotaExceeded, quota_admit, quota_release
+from gateway.errors import InvalidRequest, RateLimited
+from quotas.admission import (
+    Admitted,
+    QuotaExceeded,
+    RequestTooLarge,
+    quota_admit,
+    quota_check,
+    quota_release,
+    quota_size_check,
+)
 from quotas.fairshare import fair_share_acquire, pool_capacity
-from quotas.limits import limits_for
+from quotas.limits import Limits
 from tenants.services import KeyPrincipal
+
+
+def admission_check(
+    *,
+    principal: KeyPrincipal,
+    limits: Limits,
+    prompt_tokens: int,
+    max_tokens: int,
+    implicit_max_tokens: bool,
+    prompt_param: str,
+    at_least: bool = False,
+) -> None:
+    """Raise the OpenAI error admission would answer now, reserving nothing.
+
+    `prompt_param`: the request's prompt field ("messages" or "prompt"), named by a 400 about it.
+    `at_least`: `prompt_tokens` is a lower bound (the prompt is not tokenized yet); any refusal is
+    then one the exact size would get too."""
+    try:
+        quota_size_check(
+            limits=limits, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+            implicit_max_tokens=implicit_max_tokens, at_least=at_least,
+        )  # fmt: skip
+        quota_check(
+            tenant_id=principal.tenant_id, key_id=principal.key_id, limits=limits, prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
+        )  # fmt: skip
+    except RequestTooLarge as exc:
+        param = {"prompt": prompt_param, "completion": "max_tokens"}.get(exc.part)
+        raise InvalidRequest(str(exc), param=param, code="exceeds_limit") from None
+    except QuotaExceeded as exc:
+        raise _rate_limited(exc) from None
 
 
 def admission_gate(
     *,
     principal: KeyPrincipal,
+    limits: Limits,
     model: ServedModel,
     request_id: str,
     prompt_tokens: int,
@@ -23,24 +70,13 @@ def admission_gate(
     On success the caller owns the reservation: it is settled through the ledger once the request is
     enqueued; if enqueueing fails, the caller must `quota_release` it.
     """
-    limits = limits_for(tenant_id=principal.tenant_id, key_id=principal.key_id)
-    if not limits.may_use(model.model_id):
-        raise NotFound(
-            f"The model '{model.model_id}' does not exist or you do not have access to it.",
-            param="model",
-            code="model_not_found",
-        )
     try:
         admitted = quota_admit(
             request_id=request_id, tenant_id=principal.tenant_id, key_id=principal.key_id, limits=limits,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
         )  # fmt: skip
     except QuotaExceeded as exc:
-        param = "max_tokens" if exc.too_large and not implicit_max_tokens else None
-        code = "insufficient_quota" if exc.limit == "budget_tokens" else "rate_limit_exceeded"
-        raise RateLimited(
-            str(exc), param=param, code=code, headers={**exc.headers, "x-ratelimit-exceeded": exc.limit}
-        ) from None
+        raise _rate_limited(exc) from None
     try:
         fair_share_acquire(
             pool=model.pool, request_id=request_id, tenant_id=principal.tenant_id,
@@ -50,3 +86,8 @@ def admission_gate(
         quota_release(request_id=request_id)
         raise
     return admitted
+
+
+def _rate_limited(exc: QuotaExceeded) -> RateLimited:
+    code = "insufficient_quota" if exc.limit == "budget_tokens" else "rate_limit_exceeded"
+    return RateLimited(str(exc), code=code, headers={**exc.headers, "x-ratelimit-exceeded": exc.limit})

@@ -11,12 +11,16 @@ from dataclasses import dataclass
 
 from django.db.models import F, Sum
 
+from config.database import read_with_fallback
 from config.redis_client import get_redis
 from ledger.models import UsageRecord
 from quotas.models import KeyQuota, LimitFields, TenantQuota
 
 LIMITS_CACHE_SECONDS = 30
 _CACHE = "quota:lim:{tenant_id}"
+# The last limits read from PostgreSQL, served while it is unreachable (config/database.py).
+_LAST_KNOWN = "quota:lim:last:{tenant_id}"
+LAST_KNOWN_SECONDS = 7 * 86400
 
 
 @dataclass(frozen=True)
@@ -53,15 +57,13 @@ class Limits:
 
     tenant: dict[str, int | None]
     key: dict[str, int | None] | None
+    # The plan's models (empty: all); catalog.selectors.model_access_allowed applies it.
     allowed_models: tuple[str, ...]
     fair_share_weight: int
     period: Period
     # Tokens the ledger holds for this period: seeds the budget counters when Redis has none.
     tenant_used: int
     key_used: int
-
-    def may_use(self, model_id: str) -> bool:
-        return not self.allowed_models or model_id in self.allowed_models
 
 
 def _used_tokens(period: Period, **filters) -> int:
@@ -100,8 +102,13 @@ def limits_for(*, tenant_id: int, key_id: int) -> Limits:
     raw = redis.get(cache_key)
     record = json.loads(raw) if raw else None
     if record is None or record["period"] != period.id:
-        record = _resolve(tenant_id, period)
-        redis.set(cache_key, json.dumps(record), ex=LIMITS_CACHE_SECONDS)
+        record = read_with_fallback(
+            lambda: _resolve(tenant_id, period), lambda: _last_known(tenant_id, period), what="this tenant's limits"
+        )
+        pipe = redis.pipeline()
+        pipe.set(cache_key, json.dumps(record), ex=LIMITS_CACHE_SECONDS)
+        pipe.set(_LAST_KNOWN.format(tenant_id=tenant_id), json.dumps(record), ex=LAST_KNOWN_SECONDS)
+        pipe.execute()
     key_limits = record["keys"].get(str(key_id))
     return Limits(
         tenant=record["tenant"],
@@ -114,5 +121,17 @@ def limits_for(*, tenant_id: int, key_id: int) -> Limits:
     )
 
 
+def _last_known(tenant_id: int, period: Period) -> dict | None:
+    """The tenant's limits as last read from PostgreSQL, for a database outage; read in an earlier
+    month, its usage so far is that month's, not this one's."""
+    raw = get_redis().get(_LAST_KNOWN.format(tenant_id=tenant_id))
+    if raw is None:
+        return None
+    record = json.loads(raw)
+    if record["period"] != period.id:
+        record.update(period=period.id, used={"tenant": 0})
+    return record
+
+
 def limits_forget(*, tenant_id: int) -> None:
-    get_redis().delete(_CACHE.format(tenant_id=tenant_id))
+    get_redis().delete(_CACHE.format(tenant_id=tenant_id), _LAST_KNOWN.format(tenant_id=tenant_id))

@@ -7,6 +7,10 @@ a generation counter (`authgen:<prefix>`): a change bumps it and deletes the rec
 transaction commits, and a lookup writes only if the generation it read *before* its database
 query is still current (checked and written atomically in Lua). Hence: once `forget` has returned,
 no lookup can leave an older record in the cache.
+
+Each record is also kept as the key's last known record (`authlast:<prefix>`, LAST_KNOWN_SECONDS),
+which a lookup uses while PostgreSQL is unreachable (`config.database`); `forget` drops it too, so a
+revoked key never comes back from it.
 """
 
 import functools
@@ -22,12 +26,19 @@ MISSING_SECONDS = 5
 # Far longer than any lookup's database query takes: a lookup that read a generation which has
 # expired since sees "0" instead and does not write. Expiring keeps revoked keys from piling up.
 GENERATION_SECONDS = 86400
+# How long a key unused since keeps being served through a database outage.
+LAST_KNOWN_SECONDS = 86400
 
 _STORE_IF_CURRENT = """
 if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[1] then
     return 0
 end
-redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+if ARGV[3] ~= '0' then
+    redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+end
+if ARGV[4] ~= '0' then
+    redis.call('SET', KEYS[3], ARGV[2], 'EX', ARGV[4])
+end
 return 1
 """
 
@@ -45,26 +56,39 @@ def _generation_key(prefix: str) -> str:
     return f"authgen:{prefix}"
 
 
+def _last_known_key(prefix: str) -> str:
+    return f"authlast:{prefix}"
+
+
 def read(prefix: str) -> tuple[str | None, str]:
     """The cached record (JSON, MISSING or None) and the generation to pass back to `store`."""
     cached, generation = get_redis().mget(_record_key(prefix), _generation_key(prefix))
     return cached, generation or "0"
 
 
-def store(prefix: str, value: str, *, generation: str, seconds: int) -> bool:
-    """Cache `value` unless the key changed since `generation` was read; True if written."""
-    if seconds <= 0:
+def store(prefix: str, value: str, *, generation: str, seconds: int, last_known_seconds: int = 0) -> bool:
+    """Cache `value` (and keep it as the last known record for `last_known_seconds`) unless the key
+    changed since `generation` was read; True if written."""
+    if seconds <= 0 and last_known_seconds <= 0:
         return False
-    keys = [_record_key(prefix), _generation_key(prefix)]
-    return bool(_store_if_current()(keys=keys, args=[generation, value, seconds]))
+    keys = [_record_key(prefix), _generation_key(prefix), _last_known_key(prefix)]
+    return bool(_store_if_current()(keys=keys, args=[generation, value, max(seconds, 0), max(last_known_seconds, 0)]))
 
 
 def store_record(prefix: str, record: str, *, generation: str) -> bool:
-    return store(prefix, record, generation=generation, seconds=settings.AUTH_CACHE_SECONDS)
+    return store(
+        prefix, record, generation=generation, seconds=settings.AUTH_CACHE_SECONDS,
+        last_known_seconds=LAST_KNOWN_SECONDS,
+    )  # fmt: skip
 
 
 def store_missing(prefix: str, *, generation: str) -> bool:
     return store(prefix, MISSING, generation=generation, seconds=MISSING_SECONDS)
+
+
+def last_known(prefix: str) -> str | None:
+    """The key's last record read from PostgreSQL (JSON), for a database outage."""
+    return get_redis().get(_last_known_key(prefix))
 
 
 def forget(prefixes: Iterable[str]) -> None:
@@ -73,5 +97,5 @@ def forget(prefixes: Iterable[str]) -> None:
     for prefix in prefixes:
         pipe.incr(_generation_key(prefix))
         pipe.expire(_generation_key(prefix), GENERATION_SECONDS)
-        pipe.delete(_record_key(prefix))
+        pipe.delete(_record_key(prefix), _last_known_key(prefix))
     pipe.execute()

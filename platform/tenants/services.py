@@ -13,6 +13,7 @@ from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
+from config.database import OUTAGE_ERRORS, database_failed, database_reachable, read_with_fallback
 from config.redis_client import get_redis
 from tenants import auth_cache
 from tenants.keys import digests_match, key_generate, key_prefix
@@ -120,18 +121,26 @@ def apikey_cache_forget_on_commit(*, prefixes: list[str]) -> None:
 
 
 def _cached_key_record(prefix: str) -> dict | None:
-    """The key's auth record from Redis, falling back to PostgreSQL (and caching the answer)."""
+    """The key's auth record from Redis, falling back to PostgreSQL (and caching the answer), and
+    to the key's last known record while PostgreSQL is unreachable (DatabaseUnavailable if none)."""
     cached, generation = auth_cache.read(prefix)  # the generation is read before the database is
     if cached == auth_cache.MISSING:
         return None
     if cached is not None:
         return json.loads(cached)
-    record = _key_record_from_db(prefix)
-    if record is None:
+    record = read_with_fallback(
+        lambda: _key_record_from_db(prefix) or {}, lambda: _last_known_record(prefix), what="this API key"
+    )
+    if not record:
         auth_cache.store_missing(prefix, generation=generation)
         return None
     auth_cache.store_record(prefix, json.dumps(record), generation=generation)
     return record
+
+
+def _last_known_record(prefix: str) -> dict | None:
+    last_known = auth_cache.last_known(prefix)
+    return json.loads(last_known) if last_known else None
 
 
 def _key_record_from_db(prefix: str) -> dict | None:
@@ -175,6 +184,12 @@ def apikey_authenticate(*, plaintext: str) -> KeyPrincipal:
 
 
 def _touch_last_used(key_id: int) -> None:
-    # At most one UPDATE per key per minute, whatever the request rate.
+    # At most one UPDATE per key per minute, whatever the request rate; skipped while PostgreSQL
+    # is down (a bookkeeping write must not stop inference).
+    if not database_reachable():
+        return
     if get_redis().set(f"lastused:{key_id}", 1, nx=True, ex=_LAST_USED_EVERY_SECONDS):
-        ApiKey.objects.filter(id=key_id).update(last_used_at=timezone.now())
+        try:
+            ApiKey.objects.filter(id=key_id).update(last_used_at=timezone.now())
+        except OUTAGE_ERRORS as exc:
+            database_failed(exc)

@@ -79,3 +79,61 @@ def test_bodies_that_are_not_json_objects_are_refused(raw):
     with pytest.raises(InvalidRequest) as error:
         parse_json_body(raw)
     assert error.value.code == "invalid_json"
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"model": "m", "prompt": ' + b"[" * depth + b"1" + b"]" * depth + b"}"
+
+
+@pytest.mark.parametrize("depth", [40, 5000])
+def test_deeply_nested_bodies_are_refused(depth):
+    with pytest.raises(InvalidRequest) as error:
+        parse_json_body(_nested(depth))
+    assert error.value.code == "invalid_json"
+    assert "nest" in error.value.message
+
+
+def test_a_body_nested_as_deep_as_a_request_can_be_is_parsed():
+    body = b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}'
+    assert parse_json_body(body)["messages"][0]["content"][0]["text"] == "hi"
+
+
+@pytest.mark.parametrize("digits", [101, 5000])
+def test_integer_literals_with_too_many_digits_are_refused(digits):
+    with pytest.raises(InvalidRequest) as error:
+        parse_json_body(b'{"model": "m", "seed": ' + b"9" * digits + b"}")
+    assert error.value.code == "invalid_json"
+    assert "digits" in error.value.message
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"])
+def test_non_finite_numbers_are_refused(literal):
+    with pytest.raises(InvalidRequest) as error:
+        parse_json_body(b'{"model": "m", "temperature": ' + literal + b"}")
+    assert error.value.code == "invalid_json"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_number_field_is_refused_even_when_given_directly(value):
+    with pytest.raises(InvalidRequest) as error:
+        chat_request({"model": "m", "messages": MESSAGES, "temperature": value})
+    assert error.value.param == "temperature"
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (rb'{"model": "m", "prompt": "a\ud800b"}', "prompt"),
+        (rb'{"model": "m", "messages": [{"role": "user", "content": "\udfff"}]}', "messages[0].content"),
+        (rb'{"model": "m", "stop": ["ok", "\ud83d"]}', "stop[1]"),
+        ('{"model": "m", "prompt": "a\udc80"}'.encode("utf-8", "surrogatepass"), "prompt"),
+    ],
+)
+def test_lone_surrogates_are_refused_naming_the_param(raw, param):
+    with pytest.raises(InvalidRequest) as error:
+        parse_json_body(raw)
+    assert (error.value.param, error.value.code) == (param, "invalid_value")
+
+
+def test_a_surrogate_pair_is_a_character_like_any_other():
+    assert parse_json_body(rb'{"model": "m", "prompt": "\ud83d\ude00"}')["prompt"] == "\U0001f600"

@@ -8,7 +8,7 @@ import pytest
 
 from ledger.models import UsageRecord
 from ledger.services import ledger_flush
-from quotas.admission import Admitted, QuotaExceeded, quota_settle, resv_key, tenant_scope
+from quotas.admission import Admitted, QuotaExceeded, quota_check, quota_settle, resv_key, tenant_scope
 from quotas.limits import Period, limits_for
 from quotas.services import key_quota_set, plan_create, tenant_quota_set
 from tenants.services import apikey_create
@@ -71,6 +71,25 @@ def test_an_rpm_limit_admits_exactly_the_limit_per_window_under_concurrency(alic
     assert len(admitted) == 37
     assert len(refused) == 163 and {r.limit for r in refused} == {"requests"}
     assert all(1 <= r.retry_after <= 60 for r in refused)
+
+
+def test_a_check_decides_as_admission_does_and_reserves_nothing(alice, redis_client):
+    tenant, key_id = alice
+    tenant_quota_set(tenant=tenant, concurrency=1, budget_tokens=100)
+    limits = limits_for(tenant_id=tenant.id, key_id=key_id)
+
+    def check():
+        quota_check(tenant_id=tenant.id, key_id=key_id, limits=limits, prompt_tokens=PROMPT, max_tokens=MAX_TOKENS,
+                    implicit_max_tokens=False)  # fmt: skip
+
+    for _ in range(3):
+        check()  # nothing reserved: the one slot is still free
+    assert not redis_client.exists(f"{tenant_scope(tenant.id)}:conc")
+    _, admitted = admit(limits, tenant, key_id, prompt=PROMPT, max_tokens=MAX_TOKENS)
+    assert isinstance(admitted, Admitted)
+    with pytest.raises(QuotaExceeded) as refused:
+        check()
+    assert refused.value.limit == "concurrency"
 
 
 def test_a_concurrency_cap_is_never_exceeded(alice, redis_client):

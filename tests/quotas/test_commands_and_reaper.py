@@ -55,10 +55,15 @@ def test_setquota_on_a_key_and_its_errors(make_tenant, redis_client):
 
 
 def test_a_plan_restricts_the_models_a_tenant_may_use(make_tenant, redis_client):
+    from catalog.selectors import model_access_allowed
+    from tenants.services import KeyPrincipal
+
     tenant, _ = make_tenant("alice")
     tenant_quota_set(tenant=tenant, plan=plan_create(name="small", allowed_models=["tiny-gemma4"]))
     limits = limits_for(tenant_id=tenant.id, key_id=0)
-    assert limits.may_use("tiny-gemma4") and not limits.may_use("gemma-4-e4b")
+    principal = KeyPrincipal(key_id=0, tenant_id=tenant.id, tenant_name="alice", allowed_models=())
+    assert model_access_allowed(principal=principal, limits=limits, model_id="tiny-gemma4")
+    assert not model_access_allowed(principal=principal, limits=limits, model_id="gemma-4-e4b")
 
 
 def test_the_reaper_settles_reservations_nobody_settled(make_tenant, redis_client):

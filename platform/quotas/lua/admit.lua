@@ -1,7 +1,7 @@
 -- Admission: check and reserve every limit of every scope of one request, atomically.
 -- KEYS[1] resv:<rid>   KEYS[2] resv:deadlines   KEYS[3..] scope prefixes (q:t:<tenant>, q:k:<key>)
 -- ARGV: rid, prompt_tokens, max_tokens, implicit (1: max_tokens was not asked for and may be lowered),
---       period id, period end (unix s), hold seconds,
+--       period id, period end (unix s), hold seconds, check_only (1: decide, reserve nothing),
 --       then per scope: rpm, input_tpm, output_tpm, concurrency, budget, budget_seed (-1: no limit)
 -- Returns {1, granted_max_tokens, headers_json} or {0, limit_hit, retry_after_s, headers_json}.
 local t = redis.call('TIME')
@@ -15,11 +15,12 @@ local implicit = ARGV[4] == '1'
 local period = ARGV[5]
 local period_end = tonumber(ARGV[6])
 local hold = tonumber(ARGV[7])
+local check_only = ARGV[8] == '1'
 local budget_ttl = math.max(60, math.floor(period_end - now) + 40 * 86400)
 
 local scopes = {}
 for i = 3, #KEYS do
-  local a = 7 + (i - 3) * 6
+  local a = 8 + (i - 3) * 6
   local p = KEYS[i]
   local s = {p = p, rpm = tonumber(ARGV[a + 1]), itpm = tonumber(ARGV[a + 2]), otpm = tonumber(ARGV[a + 3]),
              conc = tonumber(ARGV[a + 4]), budget = tonumber(ARGV[a + 5])}
@@ -82,6 +83,9 @@ for _, s in ipairs(scopes) do
     grant = s.budget - s.n_bud - prompt
   end
 end
+
+-- A check (before the request's tokens are counted exactly) decides as admission would, and stops here.
+if check_only then return {1, grant, headers()} end
 
 local resv = {'n', #scopes, 'm', minute, 'in', prompt, 'out', grant}
 for i, s in ipairs(scopes) do
