@@ -35,10 +35,7 @@ class KeyPrincipal:
     key_id: int
     tenant_id: int
     tenant_name: str
-    allowed_models: tuple[str, ...]
-
-    def may_use(self, model_id: str) -> bool:
-        return not self.allowed_models or model_id in self.allowed_models
+    allowed_models: tuple[str, ...]  # empty: every model (catalog.selectors.model_access_allowed)
 
 
 def tenant_create(*, name: str, display_name: str = "") -> Tenant:

@@ -8,29 +8,23 @@ thread per stream.
 """
 
 import array
-import contextlib
 import fcntl
 import json
-import os
-import signal
-import subprocess
-import sys
 import termios
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from tests.e2e.stack import database_url, free_port, wait_until
+from tests.e2e.stack import wait_until
+from tests.gateway.web_server import web_server
 from workers import protocol
 from workers.protocol import Usage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 POOL = "asgi-test"
 WORKER = "asgi-test-worker"
 GATEWAY_THREADS = 2
@@ -39,8 +33,7 @@ STREAMS = 6  # per batch: three times the gateway's threads
 
 @pytest.fixture
 def server(tiny_model_dir, redis_client, make_tenant, tmp_path):
-    """The web tier on a free port, one process with GATEWAY_THREADS threads; yields (url, key, pid)."""
-    from django.conf import settings
+    """The web tier, one process with GATEWAY_THREADS threads; yields (url, key, pid)."""
     from django.core.management import call_command
 
     _, key = make_tenant("streamer")
@@ -48,46 +41,9 @@ def server(tiny_model_dir, redis_client, make_tenant, tmp_path):
         "registermodel", "tiny-gemma4", "--path", str(tiny_model_dir), "--pool", POOL, "--context-length", "2048"
     )
     _pretend_a_ready_worker(redis_client)
-    port = free_port()
-    env = dict(
-        os.environ,
-        DATABASE_URL=database_url(settings.DATABASES["default"]),
-        PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
-        GUNICORN_BIND=f"127.0.0.1:{port}",
-        WEB_CONCURRENCY="1",
-        DATABASE_POOL="1",  # as in production
-        GATEWAY_THREADS=str(GATEWAY_THREADS),
-        SSE_KEEPALIVE_SECONDS="1",
-    )
-    log = open(tmp_path / "gunicorn.log", "ab")  # noqa: SIM115
-    master = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _answers(base_url), f"gunicorn never answered; see {tmp_path}/gunicorn.log", 180)
-        (worker,) = psutil.Process(master.pid).children()
-        yield base_url, key, worker.pid
-    finally:
-        master.terminate()
-        try:
-            master.wait(30)
-        except subprocess.TimeoutExpired:
-            master.kill()
-            master.wait()
-        # A worker still waiting out its graceful timeout on an open stream must not outlive the
-        # test (holding the test database).
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(master.pid, signal.SIGKILL)
-        log.close()
-
-
-def _answers(base_url: str) -> bool:
-    try:
-        return httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
+    env = dict(DATABASE_POOL="1", GATEWAY_THREADS=str(GATEWAY_THREADS), SSE_KEEPALIVE_SECONDS="1")
+    with web_server(tmp_path, **env) as (base_url, pid):
+        yield base_url, key, pid
 
 
 def _pretend_a_ready_worker(redis_client) -> None:

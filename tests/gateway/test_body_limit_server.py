@@ -1,66 +1,23 @@
 """An over-size request body under the real server (gunicorn + uvicorn worker, deploy/gunicorn.conf.py):
 a 413 that leaves the client's keep-alive connection usable, or closed cleanly."""
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
 
-from tests.e2e.stack import database_url, free_port, wait_until
+from tests.gateway.web_server import web_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_REQUEST_BYTES = 4096
 
 
 @pytest.fixture
 def server(redis_client, make_tenant, tmp_path):
-    """The web tier on a free port, one process, MAX_REQUEST_BYTES small; yields (url, key)."""
-    from django.conf import settings
-
+    """The web tier with MAX_REQUEST_BYTES small; yields (url, key)."""
     _, key = make_tenant("big-bodies", is_admin=True)  # may call /api/v1/ too
-    port = free_port()
-    env = dict(
-        os.environ,
-        DATABASE_URL=database_url(settings.DATABASES["default"]),
-        PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
-        GUNICORN_BIND=f"127.0.0.1:{port}",
-        WEB_CONCURRENCY="1",
-        GUNICORN_WARM_IMPORTS="",  # no tokenizer is needed: no request gets past its body
-        MAX_REQUEST_BYTES=str(MAX_REQUEST_BYTES),
-    )
-    log = open(tmp_path / "gunicorn.log", "ab")  # noqa: SIM115
-    master = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _answers(base_url), f"gunicorn never answered; see {tmp_path}/gunicorn.log", 180)
+    # No tokenizer is needed: no request gets past its body.
+    with web_server(tmp_path, GUNICORN_WARM_IMPORTS="", MAX_REQUEST_BYTES=str(MAX_REQUEST_BYTES)) as (base_url, _):
         yield base_url, key
-    finally:
-        master.terminate()
-        try:
-            master.wait(30)
-        except subprocess.TimeoutExpired:
-            master.kill()
-            master.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(master.pid, signal.SIGKILL)
-        log.close()
-
-
-def _answers(base_url: str) -> bool:
-    try:
-        return httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 def _body(size: int) -> bytes:
