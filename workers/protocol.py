@@ -2,8 +2,10 @@
 
 Per request (all keys expire after REQUEST_TTL seconds):
   req:<rid>:in      JSON input written by the gateway before dispatch (prompt ids, params, who pays).
+  req:<rid>:claim   identity of the worker that claimed the request: set in the same script that takes
+                    (GETDEL) the input, so a request whose input is gone always names its claimer.
   req:<rid>:ev      Redis Stream of events written by the worker, read by the gateway:
-                      t=start  w=<worker name>
+                      t=start  w=<worker identity>
                       t=delta  x=<text> n=<new completion tokens>      (coalesced: one per flush interval)
                       t=done   u=<usage JSON>
                       t=error  m=<message> c=<code>
@@ -11,14 +13,18 @@ Per request (all keys expire after REQUEST_TTL seconds):
 Ledger:
   ledger:pending    hash rid -> usage JSON; written by the worker in the same MULTI as the done event,
                     drained into PostgreSQL (idempotent on rid) by the gateway and a periodic task.
-Pools and workers:
-  pool:<pool>:workers  sorted set worker name -> last heartbeat (unix seconds)
-  worker:<name>        hash: pool, pod, model, state (starting|ready|draining|stopped), in_flight, slots
+Pools and workers (a worker's identity is its Celery node name plus a nonce drawn at each process
+start, `worker_identity`: a worker restarted under the same node name is a new worker here, and the
+requests its previous process claimed or started are lost, not taken for its own):
+  pool:<pool>:workers  sorted set worker identity -> last heartbeat (unix seconds)
+  worker:<identity>    hash: node, pool, pod, model, state (starting|ready|draining|stopped), in_flight,
+                       slots, tps, updated
   pool:<pool>:drain    set of pod names asked to drain
   pool:<pool>:waiting  count of requests held at a gateway waiting for a worker (scale from zero)
 """
 
 import json
+import secrets
 from dataclasses import asdict, dataclass, field
 
 REQUEST_TTL = 3600
@@ -26,6 +32,10 @@ REQUEST_TTL = 3600
 
 def input_key(rid: str) -> str:
     return f"req:{rid}:in"
+
+
+def claim_key(rid: str) -> str:
+    return f"req:{rid}:claim"
 
 
 def events_key(rid: str) -> str:
@@ -45,6 +55,12 @@ def pool_workers_key(pool: str) -> str:
 
 def worker_key(name: str) -> str:
     return f"worker:{name}"
+
+
+def worker_identity(node: str) -> str:
+    """A worker process's identity in Redis: its Celery node name (``worker@%h``, for people and
+    for Celery's remote control) and a nonce of this process start."""
+    return f"{node}#{secrets.token_hex(4)}"
 
 
 def pool_drain_key(pool: str) -> str:

@@ -28,6 +28,9 @@ from workers.threadpools import prestart_threads
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 2.0
+# How long a worker's heartbeat record outlives its last beat; the pool's heartbeat set forgets a
+# worker gone this long (each process start is a new identity, so a restarted one never comes back).
+WORKER_RECORD_SECONDS = 3600
 # How long claiming a request (taking its input) is retried through a Redis outage.
 REDIS_RETRY_SECONDS = 30.0
 # Connections the worker's synchronous Redis client keeps beyond one per task thread (heartbeat,
@@ -67,6 +70,22 @@ def _through_outage(call, *, seconds: float, what: str):
             pause = min(pause * 2, 2.0)
 
 
+# Takes a request's input and records who took it, atomically: a request whose input is gone always
+# names its claimer, whose heartbeat the gateway then watches until the request starts.
+_CLAIM_SCRIPT = """
+local raw = redis.call('GETDEL', KEYS[1])
+if raw then redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2]) end
+return raw
+"""
+
+
+def claim_request(client: redis.Redis, rid: str, worker: str) -> str | None:
+    """Claim request ``rid`` for ``worker`` (its identity): its input, or None if the gateway took it
+    back (or another worker claimed it) first."""
+    claim = client.register_script(_CLAIM_SCRIPT)
+    return claim(keys=[protocol.input_key(rid), protocol.claim_key(rid)], args=[worker, protocol.REQUEST_TTL])
+
+
 def _flush_interval_seconds() -> float:
     """WORKER_FLUSH_INTERVAL_MS (default 20): the shortest interval between two flushes of the
     relay (a request's first text and its end go out at once; workers/relay.py)."""
@@ -102,14 +121,17 @@ class WorkerRuntime:
 
     ``run_request`` runs in a Celery task thread: it claims the request and waits (doing nothing
     per token) until the relay has written its end. ``slots`` is the worker's Celery concurrency:
-    the requests it runs at once, which the gateway's fair share counts on.
+    the requests it runs at once, which the gateway's fair share counts on. ``node`` is the Celery
+    node name (the destination of remote control); ``name``, the identity everything in Redis
+    carries (heartbeat, claims, start entries, usage), is drawn anew for each process start.
     """
 
     def __init__(
-        self, *, name: str, model: str, model_path: str, pool: str, profile: str, slots: int = 0,
+        self, *, node: str, model: str, model_path: str, pool: str, profile: str, slots: int = 0,
         engine: EngineHost | None = None,
     ):  # fmt: skip
-        self.name = name
+        self.node = node
+        self.name = protocol.worker_identity(node)
         self.model = model
         self.pool = pool
         self.slots = slots
@@ -119,7 +141,7 @@ class WorkerRuntime:
         self.relay = EventRelay(
             self.engine,
             relay_client(settings.REDIS_URL),
-            worker=name,
+            worker=self.name,
             flush_interval=_flush_interval_seconds(),
             flush_events_per_second=_flush_events_per_second(),
         )
@@ -173,10 +195,12 @@ class WorkerRuntime:
         return round((total - before) / (now - then), 2) if now > then else 0.0
 
     def _beat(self) -> None:
+        now = time.time()
         pipe = self.redis.pipeline()
         pipe.hset(
             protocol.worker_key(self.name),
             mapping={
+                "node": self.node,
                 "pool": self.pool,
                 "pod": self.pod,
                 "model": self.model,
@@ -184,11 +208,12 @@ class WorkerRuntime:
                 "in_flight": self._in_flight,
                 "slots": self.slots,
                 "tps": self._tokens_per_second(),
-                "updated": time.time(),
+                "updated": now,
             },
         )
-        pipe.expire(protocol.worker_key(self.name), 3600)
-        pipe.zadd(protocol.pool_workers_key(self.pool), {self.name: time.time()})
+        pipe.expire(protocol.worker_key(self.name), WORKER_RECORD_SECONDS)
+        pipe.zadd(protocol.pool_workers_key(self.pool), {self.name: now})
+        pipe.zremrangebyscore(protocol.pool_workers_key(self.pool), "-inf", now - WORKER_RECORD_SECONDS)
         pipe.execute()
 
     def _follow_drain_request(self) -> None:
@@ -197,20 +222,22 @@ class WorkerRuntime:
             return
         drain = bool(self.redis.sismember(protocol.pool_drain_key(self.pool), self.pod))
         if drain and self._consuming:
-            app.control.cancel_consumer(protocol.queue_name(self.pool), destination=[self.name])
+            app.control.cancel_consumer(protocol.queue_name(self.pool), destination=[self.node])
             self._consuming, self.state = False, "draining"
             log.info("worker %s: draining (%d in flight)", self.name, self._in_flight)
         elif not drain and not self._consuming:
-            app.control.add_consumer(protocol.queue_name(self.pool), destination=[self.name])
+            app.control.add_consumer(protocol.queue_name(self.pool), destination=[self.node])
             self._consuming, self.state = True, "ready"
 
     # -- requests ----------------------------------------------------------------------------
     def run_request(self, rid: str) -> None:
         """Claim the request and wait until the relay has written its end (and usage) to Redis."""
         # Claim the request by taking its input: if the gateway already gave up, it deleted the
-        # input (and recorded the request itself), so there is nothing to do.
+        # input (and recorded the request itself), so there is nothing to do. A claim whose reply was
+        # lost to an outage reads as None when retried: the gateway ends that request at its
+        # claim-to-start bound (WORKER_START_TIMEOUT_SECONDS).
         raw = _through_outage(
-            lambda: self.redis.getdel(protocol.input_key(rid)), seconds=REDIS_RETRY_SECONDS, what=f"claiming {rid}"
+            lambda: claim_request(self.redis, rid, self.name), seconds=REDIS_RETRY_SECONDS, what=f"claiming {rid}"
         )
         if raw is None:
             return
@@ -246,7 +273,7 @@ def _start_engine(sender, instance, **kwargs) -> None:
     if missing:
         raise RuntimeError(f"SERVED_MODEL is set, so {', '.join(missing)} must be set too")
     _runtime = WorkerRuntime(
-        name=sender,
+        node=sender,
         model=model,
         model_path=os.environ["MODEL_PATH"],
         pool=os.environ["WORKER_POOL"],

@@ -3,15 +3,23 @@
 A request's life on this side: `enqueue` stores its input in Redis and sends a small Celery task to
 the model pool's queue (sync, on a gateway thread); `relay` reads the request's event stream on the
 event loop (`redis.asyncio`, no thread held while it waits) and yields Delta/Done/Failed events,
-with bounded waits: a request that no worker takes in time is taken back (503), and a worker that
-stops heartbeating mid-request ends the stream with an explicit error.
+with bounded waits, so that every request ends:
+- queued (its input still in Redis): taken back at QUEUE_TIMEOUT_SECONDS, or at once when its pool
+  has no ready worker left (503 `no_worker_available`);
+- claimed but not started (its input gone, no start entry): `worker_lost` as soon as the claimer
+  recorded with the claim (`req:<rid>:claim`) no longer heartbeats, and at the latest
+  WORKER_START_TIMEOUT_SECONDS after the gateway saw the claim;
+- started: `worker_lost` once no event came for WORKER_HEARTBEAT_TIMEOUT and the worker that wrote
+  the start entry no longer heartbeats.
+Worker identities are unique per process start (workers/protocol.py), so a worker restarted under
+the same node name does not keep its previous process's requests alive.
 """
 
 import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 
@@ -50,6 +58,24 @@ class Failed:
 
 class Idle:
     """Nothing happened for a keep-alive interval (lets the SSE writer probe the client)."""
+
+
+@dataclass
+class _Progress:
+    """What the relay knows of its request, for the stall checks (monotonic times)."""
+
+    queue_deadline: float
+    last_event: float = field(default_factory=time.monotonic)
+    worker: str | None = None  # the identity in the start entry
+    seen_tokens: int = 0
+    claim_seen_at: float | None = None  # when the relay first found the input claimed, no start yet
+
+    def quiet_through_outage(self) -> None:
+        """Redis was unreachable, so no heartbeat or start could arrive either: time the stall
+        checks from its end."""
+        self.last_event = time.monotonic()
+        if self.claim_seen_at is not None:
+            self.claim_seen_at = self.last_event
 
 
 def ready_workers(pool: str) -> list[str]:
@@ -123,32 +149,29 @@ def enqueue(request: RequestInput, model: ServedModel) -> None:
 async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delta | Done | Failed | Idle]:
     """Yield the request's events until Done or Failed. The caller must call `abandon` if it stops early."""
     key = protocol.events_key(request.request_id)
-    worker, seen_tokens = None, 0
-    last_event = time.monotonic()
-    queue_deadline = last_event + settings.QUEUE_TIMEOUT_SECONDS
+    progress = _Progress(queue_deadline=time.monotonic() + settings.QUEUE_TIMEOUT_SECONDS)
     async with aclosing(_event_batches(key)) as batches:
         async for batch in batches:
             if batch is None:
-                # Redis is unreachable, so no heartbeat arrives either: time the stall check from its return.
-                last_event = time.monotonic()
+                progress.quiet_through_outage()
                 yield Idle()
                 continue
             if not batch:
-                failure = await _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline)
+                failure = await _check_stalled(request, model, progress)
                 if failure is not None:
                     yield failure
                     return
                 yield Idle()
                 continue
-            last_event = time.monotonic()
+            progress.last_event = time.monotonic()
             for entry_id, fields in batch:
                 kind = fields["t"]
                 if kind == "delta":
                     tokens = int(fields["n"])
-                    seen_tokens += tokens
+                    progress.seen_tokens += tokens
                     yield Delta(fields["x"], tokens)
                 elif kind == "start":
-                    worker = fields["w"]
+                    progress.worker = fields["w"]
                 elif kind == "done":
                     yield Done(Usage.loads(fields["u"]))
                     return
@@ -211,19 +234,58 @@ async def _worker_alive_async(name: str) -> bool:
     return score is not None and score > _heartbeat_cutoff()
 
 
-async def _check_stalled(request, model, worker, seen_tokens, last_event, queue_deadline) -> Failed | None:
-    now = time.monotonic()
-    if worker is None:
-        if now >= queue_deadline or not await _ready_workers_async(model.pool):
-            if await _take_back(request):
-                return Failed("No worker took the request in time; try again later.", "no_worker_available")
-        return None
-    if now - last_event >= settings.WORKER_HEARTBEAT_TIMEOUT and not await _worker_alive_async(worker):
-        usage = _usage_for(request, seen_tokens, status="worker_lost", worker=worker)
-        await run_blocking(ledger_pending_put, usage, only_if_absent=True)
-        await get_async_redis().set(protocol.cancel_key(request.request_id), 1, ex=protocol.REQUEST_TTL)
-        return Failed("The worker serving this request was lost; the request was stopped.", "worker_lost", usage)
+async def _check_stalled(request: RequestInput, model: ServedModel, progress: _Progress) -> Failed | None:
+    """After a quiet keep-alive interval: the request's end if it can no longer make progress."""
+    if progress.worker is None:
+        return await _check_unstarted(request, model, progress)
+    quiet = time.monotonic() - progress.last_event
+    if quiet >= settings.WORKER_HEARTBEAT_TIMEOUT and not await _worker_alive_async(progress.worker):
+        message = "The worker serving this request was lost; the request was stopped."
+        return await _lost(request, message, worker=progress.worker, started=True, relayed_tokens=progress.seen_tokens)
     return None
+
+
+async def _check_unstarted(request: RequestInput, model: ServedModel, progress: _Progress) -> Failed | None:
+    """A request with no start entry yet: still queued, or claimed by a worker that has to start it."""
+    now = time.monotonic()
+    if now >= progress.queue_deadline or not await _ready_workers_async(model.pool):
+        if await _take_back(request):
+            return Failed("No worker took the request in time; try again later.", "no_worker_available")
+    claimer, queued = await _claim_state(request.request_id)
+    if queued:
+        return None
+    progress.claim_seen_at = progress.claim_seen_at or now
+    # Waits out one heartbeat timeout after a Redis outage, as for a started request: the claimer
+    # could not heartbeat during it.
+    quiet = now - progress.last_event
+    if claimer and quiet >= settings.WORKER_HEARTBEAT_TIMEOUT and not await _worker_alive_async(claimer):
+        message = "The worker that took this request was lost before starting it."
+        return await _lost(request, message, worker=claimer, started=False)
+    if now - progress.claim_seen_at >= settings.WORKER_START_TIMEOUT_SECONDS:
+        # A live claimer that does not start the request (or a claim that recorded no claimer):
+        # the cancel key stops it should it start after all.
+        message = "The worker that took this request did not start it in time."
+        return await _lost(request, message, worker=claimer or "", started=False)
+    return None
+
+
+async def _claim_state(request_id: str) -> tuple[str | None, bool]:
+    """(the recorded claimer, whether the input is still queued), read together: the worker's claim
+    takes the input and records the claimer in one script (workers/serving.py `claim_request`)."""
+    pipe = get_async_redis().pipeline(transaction=True)
+    pipe.get(protocol.claim_key(request_id))
+    pipe.exists(protocol.input_key(request_id))
+    claimer, queued = await pipe.execute()
+    return claimer, bool(queued)
+
+
+async def _lost(request: RequestInput, message: str, *, worker: str, started: bool, relayed_tokens: int = 0) -> Failed:
+    """End the request as `worker_lost`: record its usage (unless its worker recorded it already)
+    and tell the worker, should it still run, to stop it."""
+    usage = _usage_for(request, relayed_tokens, status="worker_lost", worker=worker, started=started)
+    await run_blocking(ledger_pending_put, usage, only_if_absent=True)
+    await get_async_redis().set(protocol.cancel_key(request.request_id), 1, ex=protocol.REQUEST_TTL)
+    return Failed(message, "worker_lost", usage)
 
 
 async def _take_back(request: RequestInput) -> bool:
@@ -233,7 +295,8 @@ async def _take_back(request: RequestInput) -> bool:
     """
     if await get_async_redis().delete(protocol.input_key(request.request_id)) == 0:
         return False
-    await run_blocking(ledger_pending_put, _usage_for(request, 0, status="cancelled", worker=""), only_if_absent=True)
+    usage = _usage_for(request, 0, status="cancelled", worker="", started=False)
+    await run_blocking(ledger_pending_put, usage, only_if_absent=True)
     return True
 
 
@@ -243,7 +306,7 @@ async def abandon(request: RequestInput) -> None:
         await get_async_redis().set(protocol.cancel_key(request.request_id), 1, ex=protocol.REQUEST_TTL)
 
 
-def _usage_for(request: RequestInput, completion_tokens: int, *, status: str, worker: str) -> Usage:
+def _usage_for(request: RequestInput, completion_tokens: int, *, status: str, worker: str, started: bool) -> Usage:
     now = time.time()
     return Usage(
         request_id=request.request_id,
@@ -251,7 +314,7 @@ def _usage_for(request: RequestInput, completion_tokens: int, *, status: str, wo
         key_id=request.key_id,
         model=request.model,
         # A request no worker started was never prefilled: nothing to bill.
-        prompt_tokens=len(request.prompt_token_ids) if worker else 0,
+        prompt_tokens=len(request.prompt_token_ids) if started else 0,
         completion_tokens=completion_tokens,
         total_ms=max(0, int((now - request.enqueued_at) * 1000)),
         finish_reason="abort",

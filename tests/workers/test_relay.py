@@ -150,7 +150,7 @@ def test_a_burst_on_a_worker_with_default_settings_never_runs_out_of_redis_conne
 
     slots = 160
     runtime = WorkerRuntime(
-        name="w-burst", model="tiny-gemma4", model_path="unused", pool="tiny", profile="cpu", slots=slots,
+        node="w-burst", model="tiny-gemma4", model_path="unused", pool="tiny", profile="cpu", slots=slots,
         engine=engine_host,
     )  # fmt: skip
     runtime.relay.start()
@@ -170,4 +170,4 @@ def test_a_burst_on_a_worker_with_default_settings_never_runs_out_of_redis_conne
     pending = redis_client.hgetall(protocol.LEDGER_PENDING)
     for request in requests:
         usage = Usage.loads(pending[request.request_id])
-        assert (usage.status, usage.completion_tokens, usage.worker) == ("ok", 4, "w-burst")
+        assert (usage.status, usage.completion_tokens, usage.worker) == ("ok", 4, runtime.name)

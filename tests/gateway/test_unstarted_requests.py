@@ -1,0 +1,174 @@
+"""Every request the gateway relays ends within a bound, even when a worker took it and never
+started it (gateway/dispatch.py `relay`).
+
+The test plays the worker's part over Redis (workers/protocol.py), with the worker's own claim
+(`workers.serving.claim_request`), and drives the gateway's relay on a short keep-alive interval.
+A relay that never ends fails the test at HUNG_AFTER seconds.
+"""
+
+import asyncio
+import time
+from contextlib import aclosing
+
+import pytest
+
+from catalog.models import ServedModel
+from gateway import dispatch
+from gateway.dispatch import Done, Failed
+from workers import protocol
+from workers.protocol import RequestInput, Usage
+from workers.serving import claim_request
+
+POOL = "bounds"
+HUNG_AFTER = 20.0
+
+
+@pytest.fixture(autouse=True)
+def short_bounds(settings):
+    settings.SSE_KEEPALIVE_SECONDS = 0.05  # the relay checks for a stall this often
+    settings.WORKER_HEARTBEAT_TIMEOUT = 0.2  # the test's live workers heartbeat an hour ahead
+    settings.QUEUE_TIMEOUT_SECONDS = 300.0
+    settings.WORKER_START_TIMEOUT_SECONDS = 300.0
+    return settings
+
+
+def _model() -> ServedModel:
+    return ServedModel(model_id="tiny-bounds", pool=POOL)
+
+
+def _enqueued(redis_client) -> RequestInput:
+    """A request as the gateway stores it for its pool (without the Celery message)."""
+    request = RequestInput(
+        request_id=f"req-{time.monotonic_ns()}",
+        model="tiny-bounds",
+        prompt_token_ids=[2, 3, 4],
+        params={"max_tokens": 4},
+        tenant_id=7,
+        key_id=9,
+        enqueued_at=time.time(),
+    )
+    redis_client.set(protocol.input_key(request.request_id), request.dumps())
+    return request
+
+
+def _heartbeat(redis_client, identity: str, *, fresh: bool) -> None:
+    # Far in the future stays fresh for the whole test; an hour ago is long gone.
+    seen = time.time() + (3600 if fresh else -3600)
+    redis_client.zadd(protocol.pool_workers_key(POOL), {identity: seen})
+    redis_client.hset(protocol.worker_key(identity), mapping={"pool": POOL, "state": "ready", "slots": 4})
+
+
+def _final_event(request: RequestInput) -> Done | Failed:
+    """The relay's last event; fails the test if the relay is still waiting after HUNG_AFTER seconds."""
+
+    async def relayed():
+        async with aclosing(dispatch.relay(request, _model())) as events:
+            async for event in events:
+                if isinstance(event, Done | Failed):
+                    return event
+        raise AssertionError("the relay ended without a final event")
+
+    try:
+        return asyncio.run(asyncio.wait_for(relayed(), HUNG_AFTER))
+    except TimeoutError:
+        pytest.fail(f"the relay of {request.request_id} still waited after {HUNG_AFTER}s")
+
+
+def _pending_usage(redis_client, request: RequestInput) -> Usage:
+    return Usage.loads(redis_client.hget(protocol.LEDGER_PENDING, request.request_id))
+
+
+def test_a_request_claimed_by_a_worker_that_died_before_starting_it_ends_as_worker_lost(redis_client):
+    _heartbeat(redis_client, "worker@pod-a#live", fresh=True)  # the pool still has a ready worker
+    _heartbeat(redis_client, "worker@pod-b#dead", fresh=False)
+    request = _enqueued(redis_client)
+    assert claim_request(redis_client, request.request_id, "worker@pod-b#dead") is not None
+
+    failure = _final_event(request)
+
+    # The claimer's heartbeat is gone: no need to wait for the (300 s) claim-to-start bound.
+    assert isinstance(failure, Failed) and failure.code == "worker_lost"
+    assert "lost before starting it" in failure.message
+    usage = _pending_usage(redis_client, request)
+    assert (usage.status, usage.worker, usage.prompt_tokens, usage.completion_tokens) == (
+        "worker_lost",
+        "worker@pod-b#dead",
+        0,
+        0,
+    )
+    assert failure.usage == usage
+    # A claimer that is only stalled (not dead) stops the request if it ever starts it.
+    assert redis_client.exists(protocol.cancel_key(request.request_id))
+
+
+def test_a_request_claimed_by_a_live_worker_that_never_starts_it_ends_at_the_start_bound(redis_client, short_bounds):
+    short_bounds.WORKER_START_TIMEOUT_SECONDS = 0.3
+    _heartbeat(redis_client, "worker@pod-a#stuck", fresh=True)
+    request = _enqueued(redis_client)
+    claim_request(redis_client, request.request_id, "worker@pod-a#stuck")
+
+    failure = _final_event(request)
+
+    assert isinstance(failure, Failed) and failure.code == "worker_lost"
+    assert _pending_usage(redis_client, request).status == "worker_lost"
+    assert redis_client.exists(protocol.cancel_key(request.request_id))
+
+
+def test_a_request_whose_input_is_gone_without_a_recorded_claimer_ends_at_the_start_bound(redis_client, short_bounds):
+    short_bounds.WORKER_START_TIMEOUT_SECONDS = 0.3
+    _heartbeat(redis_client, "worker@pod-a#old", fresh=True)
+    request = _enqueued(redis_client)
+    redis_client.getdel(protocol.input_key(request.request_id))  # a claim that records no claimer
+
+    failure = _final_event(request)
+
+    assert isinstance(failure, Failed) and failure.code == "worker_lost"
+    assert _pending_usage(redis_client, request).worker == ""
+
+
+def test_a_request_started_by_a_worker_that_came_back_under_the_same_node_name_ends_as_worker_lost(
+    redis_client, short_bounds
+):
+    """The node `worker@pod-a` restarted: its new incarnation heartbeats, the one that started the
+    request does not."""
+    short_bounds.WORKER_HEARTBEAT_TIMEOUT = 0.0  # the first quiet keep-alive interval checks the worker
+    _heartbeat(redis_client, "worker@pod-a#before", fresh=False)
+    _heartbeat(redis_client, "worker@pod-a#after", fresh=True)
+    request = _enqueued(redis_client)
+    claim_request(redis_client, request.request_id, "worker@pod-a#before")
+    redis_client.xadd(protocol.events_key(request.request_id), {"t": "start", "w": "worker@pod-a#before"})
+    redis_client.xadd(protocol.events_key(request.request_id), {"t": "delta", "x": "Hi", "n": 1})
+
+    failure = _final_event(request)
+
+    assert isinstance(failure, Failed) and failure.code == "worker_lost"
+    usage = _pending_usage(redis_client, request)
+    assert (usage.worker, usage.completion_tokens) == ("worker@pod-a#before", 1)
+
+
+def test_a_claimed_request_that_starts_within_the_bound_relays_normally(redis_client, short_bounds):
+    short_bounds.WORKER_START_TIMEOUT_SECONDS = 0.3
+    _heartbeat(redis_client, "worker@pod-a#live", fresh=True)
+    request = _enqueued(redis_client)
+    claim_request(redis_client, request.request_id, "worker@pod-a#live")
+    usage = Usage(request_id=request.request_id, tenant_id=7, key_id=9, model="tiny-bounds", prompt_tokens=3,
+                  completion_tokens=1, finish_reason="stop", worker="worker@pod-a#live")  # fmt: skip
+    events = protocol.events_key(request.request_id)
+    redis_client.xadd(events, {"t": "start", "w": "worker@pod-a#live"})
+    redis_client.xadd(events, {"t": "delta", "x": "Hi", "n": 1})
+    redis_client.xadd(events, {"t": "done", "u": usage.dumps()})
+
+    assert _final_event(request) == Done(usage)
+    assert not redis_client.exists(protocol.cancel_key(request.request_id))
+
+
+def test_a_request_no_worker_claimed_is_taken_back_at_the_queue_timeout(redis_client, short_bounds):
+    short_bounds.QUEUE_TIMEOUT_SECONDS = 0.2
+    _heartbeat(redis_client, "worker@pod-a#busy", fresh=True)
+    request = _enqueued(redis_client)
+
+    failure = _final_event(request)
+
+    assert isinstance(failure, Failed) and failure.code == "no_worker_available"
+    assert not redis_client.exists(protocol.input_key(request.request_id))
+    assert _pending_usage(redis_client, request).status == "cancelled"
