@@ -10,6 +10,8 @@ Per request (all keys expire after REQUEST_TTL seconds):
                       t=done   u=<usage JSON>
                       t=error  m=<message> c=<code>
   req:<rid>:cancel  set by the gateway when the client went away; the worker aborts the engine request.
+  req:<rid>:reader  the gateway's lease on the request (READER_LEASE_SECONDS), set at enqueue and
+                    renewed while it relays; a worker aborts a request whose lease it saw lapse.
 Ledger:
   ledger:pending    hash rid -> usage JSON; written by the worker in the same MULTI as the done event,
                     drained into PostgreSQL (idempotent on rid) by the gateway and a periodic task.
@@ -24,10 +26,15 @@ requests its previous process claimed or started are lost, not taken for its own
 """
 
 import json
+import os
 import secrets
 from dataclasses import asdict, dataclass, field
 
 REQUEST_TTL = 3600
+# The gateway holds a lease on each request it relays (req:<rid>:reader, set at enqueue, renewed
+# while it reads); a worker stops a request whose lease lapsed: the web process that relayed it died,
+# so no one reads what it generates (it is billed for what it generated, as for a disconnect).
+READER_LEASE_SECONDS = float(os.environ.get("READER_LEASE_SECONDS", "60"))
 
 
 def input_key(rid: str) -> str:
@@ -44,6 +51,10 @@ def events_key(rid: str) -> str:
 
 def cancel_key(rid: str) -> str:
     return f"req:{rid}:cancel"
+
+
+def reader_key(rid: str) -> str:
+    return f"req:{rid}:reader"
 
 
 LEDGER_PENDING = "ledger:pending"

@@ -14,9 +14,10 @@ flight so that the events of all of them stay within ``WORKER_FLUSH_EVENTS_PER_S
 costs the gateway a read, an SSE frame and a socket write), between ``WORKER_FLUSH_INTERVAL_MS`` and
 ``FLUSH_INTERVAL_CAP_SECONDS``.
 
-Cancellation: one ``MGET`` of the cancel keys of all running requests per ``CANCEL_CHECK_SECONDS``;
-a cancelled request's engine task is cancelled (vLLM aborts it) and it is billed for what it
-generated. Redis outages: a flush is retried as it was built (entries are numbered by the worker,
+Cancellation: one ``MGET`` of the cancel keys and the gateways' reader leases of all running
+requests per ``CANCEL_CHECK_SECONDS``; a request whose client left (cancel key) or whose gateway's
+lease lapsed (the web process relaying it died) has its engine task cancelled (vLLM aborts it) and
+is billed for what it generated. Redis outages: a flush is retried as it was built (entries are numbered by the worker,
 so a write whose reply was lost is refused as a duplicate, never doubled), while the engine goes on
 and the next flush carries everything generated meanwhile.
 """
@@ -73,6 +74,7 @@ class RelayedRequest:
         self.end_written = False  # its done entry is taken: nothing follows it
         self.error: BaseException | None = None
         self.entry_count = 0
+        self.reader_seen = False  # its gateway's lease was seen: a lapse then means no one reads it
 
     # -- from the engine ------------------------------------------------------------------
     def push(self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None) -> None:
@@ -323,17 +325,26 @@ class EventRelay:
                 job.done.set_exception(error)
 
     async def _watch_cancels(self) -> None:
+        leases_checked_from = 0.0  # after an outage, the gateways get a lease's length to renew theirs
         while True:
             await asyncio.sleep(CANCEL_CHECK_SECONDS)
             running = [job for job in self._active.values() if not job.finished]
             if not running:
                 continue
+            keys = [protocol.cancel_key(job.rid) for job in running] + [protocol.reader_key(job.rid) for job in running]
             try:
-                flags = await self.client.mget([protocol.cancel_key(job.rid) for job in running])
+                flags = await self.client.mget(keys)
             except REDIS_UNAVAILABLE:
+                leases_checked_from = time.monotonic() + protocol.READER_LEASE_SECONDS
                 continue  # checked again once Redis is back
-            for job, flag in zip(running, flags, strict=True):
-                if flag is not None:
+            check_leases = time.monotonic() >= leases_checked_from
+            for job, cancel, reader in zip(running, flags[: len(running)], flags[len(running) :], strict=True):
+                if cancel is not None:
+                    job.cancel()
+                elif reader is not None:
+                    job.reader_seen = True
+                elif job.reader_seen and check_leases:
+                    log.warning("request %s: no gateway relays it any more (lease lapsed); stopping it", job.rid)
                     job.cancel()
 
     async def stop(self) -> None:

@@ -135,8 +135,10 @@ def await_worker(model: ServedModel) -> list[str]:
 
 
 def enqueue(request: RequestInput, model: ServedModel) -> None:
-    redis = get_redis()
-    redis.set(protocol.input_key(request.request_id), request.dumps(), ex=protocol.REQUEST_TTL)
+    pipe = get_redis().pipeline(transaction=True)
+    pipe.set(protocol.input_key(request.request_id), request.dumps(), ex=protocol.REQUEST_TTL)
+    pipe.set(protocol.reader_key(request.request_id), 1, ex=int(protocol.READER_LEASE_SECONDS))
+    pipe.execute()
     celery_app.send_task(
         "workers.generate",
         args=[request.request_id],
@@ -150,12 +152,14 @@ async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delt
     """Yield the request's events until Done or Failed. The caller must call `abandon` if it stops early."""
     key = protocol.events_key(request.request_id)
     progress = _Progress(queue_deadline=time.monotonic() + settings.QUEUE_TIMEOUT_SECONDS)
+    lease = _ReaderLease(request.request_id)
     async with aclosing(_event_batches(key)) as batches:
         async for batch in batches:
             if batch is None:
                 progress.quiet_through_outage()
                 yield Idle()
                 continue
+            await lease.renew_if_due()
             if not batch:
                 failure = await _check_stalled(request, model, progress)
                 if failure is not None:
@@ -179,6 +183,21 @@ async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delt
                     # The worker also writes a done event with the usage; wait for it (bounded).
                     yield Failed(fields["m"], fields["c"], await _final_usage(key, entry_id))
                     return
+
+
+class _ReaderLease:
+    """This process's lease on a request it relays (protocol.READER_LEASE_SECONDS), renewed at a
+    quarter of its length: the stream's reads come at least every SSE_KEEPALIVE_SECONDS."""
+
+    def __init__(self, request_id: str) -> None:
+        self.key = protocol.reader_key(request_id)
+        self.renewed = time.monotonic()  # set at enqueue
+
+    async def renew_if_due(self) -> None:
+        if time.monotonic() - self.renewed < protocol.READER_LEASE_SECONDS / 4:
+            return
+        await get_async_redis().set(self.key, 1, ex=int(protocol.READER_LEASE_SECONDS))
+        self.renewed = time.monotonic()
 
 
 async def _event_batches(key: str) -> AsyncIterator[list[tuple[str, dict]] | None]:

@@ -336,6 +336,8 @@ def live_stack(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_fact
         # or more under load, so a shorter timeout declares live workers lost.
         WORKER_HEARTBEAT_TIMEOUT="12",
         SSE_KEEPALIVE_SECONDS="1",
+        # Renewed every 5 s; lapses 20 s after a web process dies (tests/e2e/test_web_loss.py).
+        READER_LEASE_SECONDS="20",
         PYTHONUNBUFFERED="1",
     )
     import redis
