@@ -252,6 +252,8 @@ def pod_view(pod: kubernetes.client.V1Pod) -> scaling.PodView:
         # Finished pods are not counted by the ReplicaSet either.
         terminating=pod.metadata.deletion_timestamp is not None or phase in ("Succeeded", "Failed"),
         drain_requested_at=scaling.parse_time(annotations.get(scaling.DRAIN_MARK_ANNOTATION)),
+        scheduled=bool(pod.spec and pod.spec.node_name),
+        phase=phase or "Pending",
     )
 
 

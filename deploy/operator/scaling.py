@@ -212,6 +212,8 @@ class PodView:
     ready: bool
     terminating: bool = False
     drain_requested_at: float | None = None  # from DRAIN_MARK_ANNOTATION
+    scheduled: bool = True  # spec.nodeName is set
+    phase: str = "Running"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -367,18 +369,33 @@ def _decide(
     )
 
 
+# The ReplicaSet controller deletes Pending pods before Unknown ones, and those before Running ones.
+_PHASE_DELETION_ORDER = {"Pending": 0, "Unknown": 1, "Running": 2}
+
+
 def _pick_victims(pods: Sequence[PodView], demand: Demand, current: int, count: int) -> tuple[str, ...]:
     """The pods a scale-down by `count` will remove, in the ReplicaSet controller's own order.
 
-    The controller deletes pods that are not ready before ready ones, whatever their deletion
-    cost; among ready pods the lowest cost goes first. So not-ready pods are the first victims
-    (they are drained too: a worker may hold streams while failing its probe), then ready pods
-    with the fewest streams in flight, which the drain marks with the lowest cost. Replicas
-    that have no pod at all are dropped first and need no victim.
+    The controller (ActivePodsWithRanks) deletes, whatever their deletion cost: pods not yet on a
+    node first, then by phase (Pending, Unknown, Running), then pods that are not ready; only
+    among the rest does the lowest cost go first. So those pods are the first victims (they are
+    drained too: a worker may hold streams while failing its probe), then ready pods with the
+    fewest streams in flight, which the drain marks with the lowest cost: the pods drained are
+    the pods the controller deletes. Replicas that have no pod at all are dropped first and need
+    no victim.
     """
     alive = [pod for pod in pods if not pod.terminating]
     needed = count - max(0, current - len(alive))
-    ranked = sorted(alive, key=lambda pod: (pod.ready, demand.in_flight_on(pod.name), pod.name))
+    ranked = sorted(
+        alive,
+        key=lambda pod: (
+            pod.scheduled,
+            _PHASE_DELETION_ORDER.get(pod.phase, len(_PHASE_DELETION_ORDER)),
+            pod.ready,
+            demand.in_flight_on(pod.name),
+            pod.name,
+        ),
+    )
     return tuple(pod.name for pod in ranked[: max(0, needed)])
 
 

@@ -102,9 +102,11 @@ class Rendered:
                 yield f"Pod/{doc['metadata']['name']}", doc["spec"]
 
 
-def helm_template(helm: Path, *args: str) -> subprocess.CompletedProcess:
-    cmd = [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+def helm_template(
+    helm: Path, *args: str, namespace: str = NAMESPACE, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    cmd = [str(helm), "template", RELEASE, str(CHART), "--namespace", namespace, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.fixture(scope="session")
@@ -152,3 +154,20 @@ def docker_compose() -> str:
         pytest.skip(f"docker-compose unavailable here: {result.stderr.strip()}")
     assert result.returncode == 0, f"ensure_compose.sh failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout.strip().splitlines()[-1]
+
+
+# The shared, real Kubernetes control plane (kube-apiserver + kube-controller-manager, no kubelet):
+# see shared/k8s/README.md beside the checkout.
+CLUSTER_SH = ROOT.parent / "shared" / "k8s" / "cluster.sh"
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(tmp_path_factory) -> Iterable[str]:
+    """Path of an admin kubeconfig for a real API server started for this test session."""
+    if not CLUSTER_SH.exists():
+        pytest.skip(f"no Kubernetes control plane script at {CLUSTER_SH}")
+    directory = tmp_path_factory.mktemp("k8s")
+    up = subprocess.run([str(CLUSTER_SH), "up", str(directory)], capture_output=True, text=True, timeout=300)
+    assert up.returncode == 0, f"cluster.sh up failed:\n{up.stderr}"
+    yield up.stdout.strip().splitlines()[-1].split("=", 1)[1]
+    subprocess.run([str(CLUSTER_SH), "down", str(directory)], capture_output=True, timeout=120)

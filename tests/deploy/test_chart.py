@@ -29,13 +29,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy.conftest import A10G_VALUES, CHART, NAMESPACE, RELEASE, ROOT, SCENARIOS
+from tests.deploy.conftest import A10G_VALUES, CHART, NAMESPACE, RELEASE, ROOT, SCENARIOS, helm_template
 
 K8S_VERSION = "1.35.0"
 FULLNAME = f"{RELEASE}-gemma-platform"
 CRD_FILE = CHART / "crds" / "modelpools.yaml"
 SECRET_LIKE = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|_KEY$|DATABASE_URL|REDIS_URL|CREDENTIAL", re.I)
 APP_COMPONENTS = ("web", "worker", "control", "beat", "migrate")
+# Alive = the container's main process (Celery, PID 1) exists and is neither stopped nor a zombie.
+WORKER_LIVENESS_COMMAND = ["sh", "-c", "test -r /proc/1/status && ! grep -q '^State:[[:space:]]*[TtZ]' /proc/1/status"]
 
 
 def containers(pod_spec: dict) -> list[dict]:
@@ -296,7 +298,7 @@ def test_helm_test_passes_when_every_always_on_model_is_ready(render, status, no
     assert (result.returncode == 0) is passes, result.stdout + result.stderr
 
 
-def test_worker_probes_wait_for_the_engine_and_ping_the_celery_node(scenario):
+def test_worker_probes_wait_for_the_engine_and_liveness_checks_only_the_process(scenario):
     _, rendered = scenario
     for deployment in workers(rendered):
         container = pod_spec_of(deployment)["containers"][0]
@@ -309,11 +311,18 @@ def test_worker_probes_wait_for_the_engine_and_ping_the_celery_node(scenario):
         # A rollout is not declared failed while a new worker may still legitimately be starting
         # (a new GPU node comes first).
         assert deployment["spec"]["progressDeadlineSeconds"] > startup_window
-        liveness = " ".join(container["livenessProbe"]["exec"]["command"])
-        assert "inspect ping" in liveness and "worker@${HOSTNAME}" in liveness
-        # The ping targets this pod's node name: the worker is started with -n worker@%h.
-        command = container["command"]
-        assert command[command.index("-n") + 1] == "worker@%h"
+        # Liveness restarts a container, so it checks the process only: a Redis outage must not
+        # restart every GPU worker (readiness, above, is what depends on Redis and the engine).
+        liveness = container["livenessProbe"]["exec"]["command"]
+        assert liveness == WORKER_LIVENESS_COMMAND
+        assert not re.search(r"celery|redis|workers\.probe|inspect", " ".join(liveness))
+
+
+def test_the_worker_liveness_command_passes_for_a_running_main_process_without_redis():
+    """The probe's own command, run here against this machine's PID 1 with no Redis URL at all."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    result = subprocess.run(WORKER_LIVENESS_COMMAND, capture_output=True, text=True, env=env, timeout=10)
+    assert result.returncode == 0, result.stderr
 
 
 def test_operator_has_a_liveness_probe_on_kopfs_endpoint(render):
@@ -380,17 +389,31 @@ def test_generated_secrets_exist_before_the_migration_hook_and_survive_uninstall
         f"{FULLNAME}-postgresql",
         f"{FULLNAME}-redis",
     }
+    # Normal release resources: a hook with before-hook-creation would be deleted and re-created by
+    # every upgrade, and pods starting in that gap would fail. Helm creates normal resources before
+    # post-install hooks, and every upgrade hook finds the Secret an earlier release created.
     (job,) = rendered.component("Job", "migrate")
-    job_weight = int(job["metadata"]["annotations"]["helm.sh/hook-weight"])
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
     for secret in secrets:
         annotations = secret["metadata"]["annotations"]
-        assert "pre-install" in annotations["helm.sh/hook"] and "pre-upgrade" in annotations["helm.sh/hook"]
-        assert int(annotations["helm.sh/hook-weight"]) < job_weight
+        assert not any(key.startswith("helm.sh/hook") for key in annotations), annotations
         assert annotations["helm.sh/resource-policy"] == "keep"
         # Random, long and URL-safe (spliced into DATABASE_URL / REDIS_URL).
         for value in secret["data"].values():
             plain = base64.b64decode(value).decode()
             assert len(plain) >= 32 and plain.isalnum()
+
+
+def test_a_generated_auth_secret_exists_before_the_migration_hook_on_first_install(render):
+    """With an external database the Job would run pre-install, before any normal resource: when
+    the chart generates the auth Secret the Job reads, it runs post-install instead."""
+    (generated,) = render().kind("Secret")
+    assert generated["metadata"]["name"] == f"{FULLNAME}-auth"
+    assert "helm.sh/hook" not in generated["metadata"]["annotations"]
+    (job,) = render().component("Job", "migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
+    (job,) = render("--set", "auth.existingSecret=platform-auth").component("Job", "migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
 
 
 def test_the_huggingface_token_reaches_web_and_workers_from_its_secret(render):
@@ -475,9 +498,49 @@ def test_web_finishes_streams_before_it_exits(render):
     assert graceful + 15 == spec["terminationGracePeriodSeconds"] == 300
 
 
+def test_a_new_pool_starts_at_its_minimum_and_scale_to_zero_starts_no_gpu(render):
+    # `helm template` has no cluster: lookup finds no live Deployment, as on a first install (an
+    # absent spec.replicas would be defaulted to 1 by the API server: a GPU node for nothing).
+    rendered = render("-f", str(A10G_VALUES))
+    replicas = {d["metadata"]["labels"]["hosting.gemma.dev/pool"]: d["spec"]["replicas"] for d in workers(rendered)}
+    assert replicas == {"gemma-4-e4b": 2, "gemma-4-e4b-batch": 0}
+
+
+def test_an_upgrade_keeps_the_replicas_the_operator_chose(helm, k8s_bin, kubeconfig, render):
+    """Against a real API server, where `lookup` sees the live Deployment the operator scaled."""
+    env = {**os.environ, "KUBECONFIG": kubeconfig}
+    namespace = "replicas-kept"
+
+    def kubectl(*args: str, stdin: str | None = None) -> None:
+        result = subprocess.run(
+            [str(k8s_bin / "kubectl"), *args], input=stdin, capture_output=True, text=True, env=env, timeout=60
+        )
+        assert result.returncode == 0, result.stderr
+
+    kubectl("create", "namespace", namespace)
+    kubectl("apply", "-f", str(CRD_FILE))
+    live = render("-f", str(A10G_VALUES)).get("Deployment", f"{FULLNAME}-worker-gemma-4-e4b")
+    live = json.loads(json.dumps(live))
+    live["metadata"]["namespace"] = namespace
+    live["metadata"].setdefault("annotations", {}).update(
+        {"meta.helm.sh/release-name": RELEASE, "meta.helm.sh/release-namespace": namespace}
+    )
+    live["spec"]["replicas"] = 3  # what the operator set
+    kubectl("apply", "-f", "-", stdin=json.dumps(live))
+
+    upgrade = helm_template(helm, "-f", str(A10G_VALUES), "--dry-run=server", namespace=namespace, env=env)
+    assert upgrade.returncode == 0, upgrade.stderr
+    rendered = [d for d in yaml.safe_load_all(upgrade.stdout) if d and d["kind"] == "Deployment"]
+    replicas = {
+        d["metadata"]["labels"]["hosting.gemma.dev/pool"]: d["spec"]["replicas"]
+        for d in rendered
+        if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"
+    }
+    # The live pool keeps its count; the pool with no Deployment yet starts at its minimum.
+    assert replicas == {"gemma-4-e4b": 3, "gemma-4-e4b-batch": 0}
+
+
 def test_the_operator_owns_worker_replicas(render):
-    for deployment in workers(render()):
-        assert "replicas" not in deployment["spec"], "helm upgrade would reset the operator's count"
     for deployment in workers(render("--set", "operator.enabled=false", "--set", "worker.replicas=3")):
         assert deployment["spec"]["replicas"] == 3
     assert not render("--set", "operator.enabled=false").kind("ModelPool")
@@ -564,7 +627,7 @@ def test_beat_runs_exactly_once(scenario):
 
 
 def test_migrations_run_as_a_hook_before_install_and_upgrade(render):
-    (job,) = render().component("Job", "migrate")
+    (job,) = render("--set", "auth.existingSecret=platform-auth").component("Job", "migrate")
     annotations = job["metadata"]["annotations"]
     assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
@@ -912,6 +975,82 @@ def test_network_policies_close_every_port_but_the_apis(render):
                 assert sorted(expr["values"]) == ["beat", "control", "migrate", "web", "worker"]
                 assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == RELEASE
     assert not render().kind("NetworkPolicy")
+
+
+def _admits(peer: dict, labels: dict, namespace_labels: dict) -> bool:
+    """Whether one NetworkPolicyPeer admits a pod with `labels` in a namespace with `namespace_labels`."""
+    if "ipBlock" in peer:
+        return False
+    if "namespaceSelector" in peer:
+        if not _policies_match(peer["namespaceSelector"], namespace_labels):
+            return False
+    elif namespace_labels.get("kubernetes.io/metadata.name") != NAMESPACE:
+        return False
+    return "podSelector" not in peer or _policies_match(peer["podSelector"], labels)
+
+
+def _policies_match(selector: dict, labels: dict) -> bool:
+    ok = all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+    for expr in selector.get("matchExpressions", []):
+        ok = ok and expr["operator"] == "In" and labels.get(expr["key"]) in expr["values"]
+    return ok
+
+
+def test_a_restricted_web_still_admits_the_operator_the_helm_test_and_the_scraper(render):
+    ingress_controller = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}
+    rendered = render(
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set-json",
+        f"networkPolicy.webIngressFrom=[{json.dumps(ingress_controller)}]",
+    )
+    (policy,) = _policies_for(
+        rendered, rendered.get("Deployment", f"{FULLNAME}-web")["spec"]["template"]["metadata"]["labels"]
+    )
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    here = {"kubernetes.io/metadata.name": NAMESPACE}
+
+    def admitted(labels: dict, namespace_labels: dict = here) -> bool:
+        return any(_admits(peer, labels, namespace_labels) for peer in rule["from"])
+
+    operator = rendered.get("Deployment", f"{FULLNAME}-operator")["spec"]["template"]["metadata"]["labels"]
+    (test_pod,) = rendered.kind("Pod")
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    assert admitted(operator), "the operator reads demand from web"
+    assert admitted(test_pod["metadata"]["labels"]), "`helm test` calls /readyz"
+    assert admitted(prometheus, {"kubernetes.io/metadata.name": "monitoring"}), "the ServiceMonitor's scraper"
+    assert admitted({}, {"kubernetes.io/metadata.name": "ingress-nginx"}), "webIngressFrom itself"
+    # Still closed to anything else: other pods of the namespace, the workers, other releases.
+    worker = workers(rendered)[0]["spec"]["template"]["metadata"]["labels"]
+    assert not admitted(worker)
+    assert not admitted({**operator, "app.kubernetes.io/instance": "other"})
+    assert not admitted({"app": "curl"})
+    # The scraper's peers follow networkPolicy.metricsFrom, and only with the ServiceMonitor.
+    custom = render(
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set-json",
+        f"networkPolicy.webIngressFrom=[{json.dumps(ingress_controller)}]",
+        "--set-json",
+        'networkPolicy.metricsFrom=[{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]',
+    )
+    (policy,) = [p for p in custom.kind("NetworkPolicy") if p["metadata"]["name"] == f"{FULLNAME}-web"]
+    assert {"namespaceSelector": {"matchLabels": {"team": "observability"}}} in policy["spec"]["ingress"][0]["from"]
+    without_monitor = render(
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set-json",
+        f"networkPolicy.webIngressFrom=[{json.dumps(ingress_controller)}]",
+    )
+    (policy,) = [p for p in without_monitor.kind("NetworkPolicy") if p["metadata"]["name"] == f"{FULLNAME}-web"]
+    assert not any(
+        "namespaceSelector" in peer and peer != ingress_controller for peer in policy["spec"]["ingress"][0]["from"]
+    )
 
 
 # --------------------------------------------------------------- the chart's operator, really running

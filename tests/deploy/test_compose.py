@@ -28,7 +28,11 @@ DOCKERFILES = {
     "worker": ROOT / "deploy" / "docker" / "worker.Dockerfile",
     "operator": ROOT / "deploy" / "docker" / "operator.Dockerfile",
 }
-CREDENTIALS = {"POSTGRES_PASSWORD": "pg-test-password", "SECRET_KEY": "test-secret-key"}
+CREDENTIALS = {
+    "POSTGRES_PASSWORD": "pg-test-password",
+    "SECRET_KEY": "test-secret-key",
+    "METRICS_TOKEN": "test-metrics-token",
+}
 
 
 def compose(docker_compose: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -64,6 +68,15 @@ def test_compose_refuses_to_run_without_credentials(docker_compose):
     result = compose(docker_compose, "config", "-q", env={"SECRET_KEY": "x"})
     assert result.returncode != 0
     assert "set POSTGRES_PASSWORD in .env" in result.stderr
+
+
+def test_compose_refuses_to_run_with_metrics_open_to_anyone(docker_compose):
+    # The web process serves /metrics without authentication when METRICS_TOKEN is empty.
+    without = {name: value for name, value in CREDENTIALS.items() if name != "METRICS_TOKEN"}
+    for env in (without, {**without, "METRICS_TOKEN": ""}):
+        result = compose(docker_compose, "config", "-q", env=env)
+        assert result.returncode != 0
+        assert "set METRICS_TOKEN in .env" in result.stderr
 
 
 def test_compose_runs_the_whole_platform(resolved):
@@ -107,6 +120,7 @@ def test_credentials_come_from_the_environment_not_the_file(resolved):
         assert "${" in app_env[name], f"{name} must be interpolated, not written in the file"
     web_env = resolved["services"]["web"]["environment"]
     assert web_env["SECRET_KEY"] == CREDENTIALS["SECRET_KEY"]
+    assert web_env["METRICS_TOKEN"] == CREDENTIALS["METRICS_TOKEN"]
     assert web_env["DATABASE_URL"] == f"postgres://gemma:{CREDENTIALS['POSTGRES_PASSWORD']}@postgres:5432/gemma"
     # Only the web port is published, on loopback unless WEB_BIND says otherwise.
     published = {name for name, svc in resolved["services"].items() if svc.get("ports")}

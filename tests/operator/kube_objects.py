@@ -63,7 +63,10 @@ def deployment(replicas: int) -> dict[str, Any]:
     }
 
 
-def pod(name: str, *, ready: bool = True) -> dict[str, Any]:
+def pod(name: str, *, ready: bool = True, node: str | None = "gpu-node-1", phase: str = "Running") -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "worker", "image": "gemma-platform/worker:0.1.0"}]}
+    if node:
+        spec["nodeName"] = node
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -74,8 +77,8 @@ def pod(name: str, *, ready: bool = True) -> dict[str, Any]:
             "uid": f"uid-{name}",
             "resourceVersion": "1",
         },
-        "spec": {"containers": [{"name": "worker", "image": "gemma-platform/worker:0.1.0"}]},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        "spec": spec,
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     }
 
 

@@ -64,6 +64,17 @@ def test_a_pod_view_reads_readiness_termination_and_the_drain_mark():
     assert pod_view(finished).terminating and not pod_view(finished).ready
 
 
+def test_a_pod_view_reads_whether_the_pod_is_on_a_node_and_its_phase():
+    waiting = k8s.V1Pod(metadata=k8s.V1ObjectMeta(name="w-c"), status=k8s.V1PodStatus(phase="Pending"))
+    assert (pod_view(waiting).scheduled, pod_view(waiting).phase) == (False, "Pending")
+    placed = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="w-d"),
+        spec=k8s.V1PodSpec(node_name="gpu-node-1", containers=[]),
+        status=k8s.V1PodStatus(phase="Running"),
+    )
+    assert (pod_view(placed).scheduled, pod_view(placed).phase) == (True, "Running")
+
+
 def test_a_condition_keeps_its_transition_time_until_its_status_flips():
     first = set_condition([], "Ready", True, "Reconciled", "steady", now=100.0)
     again = set_condition(first, "Ready", True, "Reconciled", "scale up 1 -> 2", now=200.0)

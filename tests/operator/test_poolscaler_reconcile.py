@@ -18,12 +18,14 @@ from tests.operator.kube_objects import (
     DEPLOYMENTS,
     MODELPOOLS,
     NAMESPACE,
+    PODS,
     POOL,
     TOKEN,
     annotations,
     condition,
     deployment,
     eventually,
+    pod,
     pool_status,
     reconciles,
     replicas,
@@ -102,6 +104,28 @@ async def test_it_scales_down_only_after_the_drained_worker_finished_its_streams
     # Until the replicas dropped, every written scale was 2: the streaming worker was never removed.
     scales = [version["spec"]["replicas"] for version in kube.objects[DEPLOYMENTS, NAMESPACE, DEPLOYMENT].history]
     assert scales == [2, 1]
+
+
+async def test_it_drains_and_marks_the_pod_the_replicaset_will_delete_before_scaling_down(
+    kube, control_plane, start_operator
+):
+    seed(kube, replicas=3, pods={"w-a": True, "w-b": False}, minReplicas=2)
+    # w-p waits for a GPU node: unscheduled and Pending, the ReplicaSet controller's first pick, even
+    # before w-b, which runs but fails its readiness probe.
+    kube.objects[PODS, NAMESPACE, "w-p"] = pod("w-p", ready=False, node=None, phase="Pending")
+    control_plane.set_pool(POOL, workers={"w-a": 2, "w-b": 0})
+
+    await start_operator()
+
+    await settled_at(kube, 2)
+    assert control_plane.drains() == ["w-p"]
+    assert annotations(kube, "w-p")[COST] == "-1000"
+    assert COST not in annotations(kube, "w-a") and COST not in annotations(kube, "w-b")
+    # The deletion cost reached the pod before the scale-down that the ReplicaSet acts on.
+    calls = [(request.method, str(request.url.path)) for request in kube if request.method == "PATCH"]
+    mark = calls.index(("PATCH", f"/api/v1/namespaces/{NAMESPACE}/pods/w-p"))
+    scale = calls.index(("PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{DEPLOYMENT}/scale"))
+    assert mark < scale
 
 
 async def test_it_cancels_a_drain_when_demand_comes_back(kube, control_plane, start_operator):

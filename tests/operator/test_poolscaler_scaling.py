@@ -234,6 +234,25 @@ def test_pods_that_are_not_ready_are_drained_first_as_the_replicaset_removes_the
     assert step.start_drain == ("b",)
 
 
+def test_pods_not_on_a_node_and_pending_pods_are_drained_first_as_the_replicaset_removes_them_first():
+    """The controller's order: unscheduled, then Pending, then not ready, then the deletion cost.
+    A drain of any other pod would leave it drained and idle while the controller deletes these."""
+    state = PoolState(last_scale_time=NOW - 300, demand_peak_time=NOW - 300)
+    reading = demand(workers={"a": 0, "b": 0})
+    views = [
+        PodView(name="a", ready=False),  # running, failing its probe
+        PodView(name="b", ready=True),
+        PodView(name="c", ready=False, phase="Pending"),  # on a node, pulling its image
+        PodView(name="d", ready=False, phase="Pending", scheduled=False),  # waiting for a GPU node
+    ]
+    one = plan(spec=SPEC, demand=reading, current=4, pods=views, state=state, now=NOW)
+    assert one.start_drain == ("d", "c", "a")  # down to the minimum of 1: all but the ready one
+    two = plan(spec=spec(min_replicas=3), demand=reading, current=4, pods=views, state=state, now=NOW)
+    assert two.start_drain == ("d",)
+    three = plan(spec=spec(min_replicas=2), demand=reading, current=4, pods=views, state=state, now=NOW)
+    assert three.start_drain == ("d", "c")
+
+
 def test_replicas_without_a_pod_are_dropped_without_a_drain():
     state = PoolState(last_scale_time=NOW - 300, demand_peak_time=NOW - 300)
     reading = demand(workers={"a": 0, "b": 0})

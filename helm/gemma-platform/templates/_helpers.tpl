@@ -168,15 +168,29 @@ Usage: include "gemma-platform.stableSecretValue" (dict "ctx" $ "secret" "name" 
 {{- end -}}
 
 {{/*
-Annotations of a chart-generated Secret. They are pre-install/pre-upgrade hooks so that they exist
-before the migration hook Job that reads them; "keep" so that `helm uninstall` never loses a
-database password that a retained volume still uses.
+Annotations of a chart-generated Secret. The Secrets are normal release resources, never hooks: a
+hook with before-hook-creation is deleted and re-created by every upgrade, and pods starting in
+that gap fail. "keep" so that `helm uninstall` never loses a database password that a retained
+volume still uses. The migration hook finds them: it runs post-install when the chart generates a
+Secret it reads (see "gemma-platform.migrations.hook"), and every upgrade finds them in place.
 */}}
 {{- define "gemma-platform.generatedSecretAnnotations" -}}
-helm.sh/hook: pre-install,pre-upgrade
-helm.sh/hook-weight: "-10"
-helm.sh/hook-delete-policy: before-hook-creation
 helm.sh/resource-policy: keep
+{{- end -}}
+
+{{/*
+When the migration Job runs. Before the new code on upgrade; on first install before the release's
+normal resources (pre-install) unless it needs one of them: the in-cluster database, or a Secret
+the chart generates (auth, database or Redis password), which Helm creates only after pre-install
+hooks.
+*/}}
+{{- define "gemma-platform.migrations.hook" -}}
+{{- $generatesRedisSecret := and .Values.redis.enabled (not .Values.redis.auth.existingSecret) -}}
+{{- if or .Values.postgresql.enabled (not .Values.auth.existingSecret) $generatesRedisSecret -}}
+post-install,pre-upgrade
+{{- else -}}
+pre-install,pre-upgrade
+{{- end -}}
 {{- end -}}
 
 {{/*
