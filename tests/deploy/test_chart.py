@@ -7,7 +7,6 @@ objects are validated against the CRD's own openAPIV3Schema.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import http.server
 import json
@@ -15,14 +14,9 @@ import os
 import re
 import runpy
 import secrets
-import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
-import urllib.request
-from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
@@ -111,9 +105,7 @@ def test_modelpools_match_the_crd_schema_and_rules(scenario):
         assert pool["apiVersion"] == f"{crd['spec']['group']}/v1alpha1"
         jsonschema.validate(pool, schema)
         spec = pool["spec"]
-        # The CRD's x-kubernetes-validations (CEL), checked here since no API server runs.
-        assert spec["minReplicas"] <= spec["maxReplicas"], name
-        assert spec["minReplicas"] > 0 or spec["allowScaleToZero"], name
+        # The CRD's CEL rules are evaluated by a real API server in test_cluster.py.
         # It names a worker Deployment this release creates, in the same namespace.
         deployment = rendered.get("Deployment", spec["workerDeployment"])
         assert deployment["metadata"]["namespace"] == pool["metadata"]["namespace"] == NAMESPACE
@@ -472,7 +464,7 @@ def test_workers_drain_before_they_exit(scenario):
         drain_timeout = int(env_of(container)["DRAIN_TIMEOUT_SECONDS"]["value"])
         assert grace >= 600 and drain_timeout < grace
         # Celery itself is PID 1, so SIGTERM reaches it and starts the warm shutdown.
-        assert container["command"][:4] == ["celery", "-A", "workers.celery_app", "worker"]
+        assert container["command"][:4] == ["celery", "-A", "workers.worker", "worker"]
         assert container["command"][container["command"].index("--pool") + 1] == "threads"
         # Rollouts add a ready worker before an old one drains.
         assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
@@ -1053,205 +1045,6 @@ def test_a_restricted_web_still_admits_the_operator_the_helm_test_and_the_scrape
     )
 
 
-# --------------------------------------------------------------- the chart's operator, really running
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _as_stored(doc: dict, **spec) -> dict:
-    """A rendered object as the API server would return it: uid, resourceVersion, defaulted fields,
-    and resource quantities serialized as strings (the kubernetes client insists on that)."""
-    doc = json.loads(json.dumps(doc))
-    metadata = {**doc["metadata"], "uid": f"uid-{doc['metadata']['name']}", "resourceVersion": "1", "generation": 1}
-    for container in doc["spec"].get("template", {}).get("spec", {}).get("containers", []):
-        for kind in ("requests", "limits"):
-            quantities = container.get("resources", {}).get(kind, {})
-            quantities.update({name: str(value) for name, value in quantities.items()})
-    return {**doc, "metadata": metadata, "spec": {**doc["spec"], **spec}}
-
-
-@pytest.mark.asyncio
-@pytest.mark.timeout(120)
-@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
-async def test_the_charts_operator_command_scales_the_charts_worker_deployment(render, tmp_path):
-    """The operator container's command and env from the chart, run as a process against an emulated
-    API (kmock) holding the chart's own ModelPool and worker Deployment: it reads the ModelPool the
-    chart wrote, finds the Deployment it names, scales it on a backlog and answers its liveness probe."""
-    import kmock
-
-    from tests.operator.fake_control_plane import FakeControlPlane
-
-    port = _free_port()
-    # --all-namespaces: in namespaced mode kopf first lists /api/v1/namespaces, a path kmock 0.8
-    # cannot parse (it answers 500); the rest of the command line is the same in both modes.
-    rendered = render("--set", f"operator.livenessPort={port}", "--set", "operator.watchAllNamespaces=true")
-    (pool,) = rendered.kind("ModelPool")
-    worker = rendered.get("Deployment", pool["spec"]["workerDeployment"])
-    container = pod_spec_of(rendered.get("Deployment", f"{FULLNAME}-operator"))["containers"][0]
-    modelpools, deployments = "hosting.gemma.dev/v1alpha1/modelpools", "apps/v1/deployments"
-    token = "operator-token-for-the-chart-test"
-
-    async with kmock.KubernetesEmulator() as kube, kmock.Server(kube):
-        kube.resources.load_bundled()
-        kube.resources[modelpools] = kmock.ResourceInfo(
-            kind="ModelPool",
-            singular="modelpool",
-            namespaced=True,
-            verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
-            subresources={"status"},
-        )
-        # The chart leaves spec.replicas to the operator: the API server defaults it to 1.
-        kube.objects[deployments, NAMESPACE, worker["metadata"]["name"]] = _as_stored(worker, replicas=1)
-        labels = worker["spec"]["template"]["metadata"]["labels"]
-        kube.objects["v1/pods", NAMESPACE, "w-a"] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "w-a",
-                "namespace": NAMESPACE,
-                "labels": labels,
-                "uid": "uid-w-a",
-                "resourceVersion": "1",
-            },
-            "spec": {"containers": [{"name": "worker", "image": "worker"}]},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
-        }
-        kube.objects[modelpools, NAMESPACE, pool["metadata"]["name"]] = _as_stored(pool)
-
-        control_plane = FakeControlPlane(token)
-        await control_plane.start()
-        # One worker with 4 streams, 8 requests queued for 10 s (target 2 s): 3 replicas needed.
-        control_plane.set_pool(pool["spec"]["pool"], workers={"w-a": 4}, queue_depth=8, oldest_queued_wait_seconds=10)
-
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [{"name": "kmock", "cluster": {"server": str(kube.url).rstrip("/")}}],
-                    "users": [{"name": "operator", "user": {"token": "kube-token"}}],
-                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "operator"}}],
-                    "current-context": "kmock",
-                }
-            )
-        )
-        chart_env = {var["name"]: var.get("value") for var in container["env"]}
-        assert chart_env["CONTROL_PLANE_URL"].startswith(f"http://{FULLNAME}-web.{NAMESPACE}.svc")
-        env = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-            "HOME": str(tmp_path),
-            "KUBECONFIG": str(kubeconfig),
-            # As operator.Dockerfile sets it (WORKDIR /app = the repository root).
-            "PYTHONPATH": f"{ROOT / 'deploy' / 'operator'}:{ROOT}",
-            # In the cluster these come from the chart: the web Service's URL and the auth Secret.
-            "CONTROL_PLANE_URL": control_plane.url,
-            "OPERATOR_TOKEN": token,
-            "POOLSCALER_INTERVAL_SECONDS": "0.2",
-        }
-        process = await asyncio.create_subprocess_exec(
-            *container["command"], cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        try:
-            deadline = time.monotonic() + 60
-            stored = kube.objects[deployments, NAMESPACE, worker["metadata"]["name"]]
-            while stored["spec"]["replicas"] != 3:
-                assert process.returncode is None, "the operator exited"
-                assert time.monotonic() < deadline, "the operator did not scale the chart's Deployment to 3"
-                await asyncio.sleep(0.1)
-            probe = container["livenessProbe"]["httpGet"]
-            url = f"http://127.0.0.1:{port}{probe['path']}"
-            answer = await asyncio.to_thread(urllib.request.urlopen, url, timeout=5)
-            assert answer.status == 200
-        except AssertionError as exc:
-            if process.returncode is None:
-                process.kill()
-            output, _ = await asyncio.wait_for(process.communicate(), timeout=30)
-            raise AssertionError(f"{exc}\n--- operator output ---\n{output.decode()[-3000:]}") from None
-        finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-            output, _ = await asyncio.wait_for(process.communicate(), timeout=30)
-            await control_plane.stop()
-    assert process.returncode == 0, output.decode()[-3000:]
-    status = kube.objects[modelpools, NAMESPACE, pool["metadata"]["name"]].raw["status"]
-    assert status["desiredReplicas"] == 3 and status["replicas"] == 3
-    assert ("GET", f"/api/v1/pools/{pool['spec']['pool']}/demand") in control_plane.calls
-
-
-def _kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "kmock", "cluster": {"server": server.rstrip("/")}}],
-                "users": [{"name": "hook", "user": {"token": "kube-token"}}],
-                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "hook"}}],
-                "current-context": "kmock",
-            }
-        )
-    )
-    return path
-
-
-@pytest.mark.asyncio
-@pytest.mark.timeout(120)
-@pytest.mark.filterwarnings("ignore:read_binary is deprecated:DeprecationWarning")
-async def test_the_uninstall_hook_deletes_the_pools_and_unsticks_those_nobody_releases(render, tmp_path):
-    """The hook Job's command from the chart, run against an emulated API (kmock) holding the chart's
-    two ModelPools: one with kopf's finalizer and no operator to remove it, one without. Both are
-    deleted; the stuck one loses its finalizer after the configured wait and is gone too."""
-    import kmock
-
-    rendered = render("-f", str(A10G_VALUES), "--set", "operator.cleanupWaitSeconds=1")
-    stuck, free = (pool["metadata"]["name"] for pool in rendered.kind("ModelPool"))
-    (container,) = pod_spec_of(rendered.get("Job", CLEANUP))["containers"]
-    modelpools = "hosting.gemma.dev/v1alpha1/modelpools"
-
-    async with kmock.KubernetesEmulator() as kube, kmock.Server(kube):
-        kube.resources.load_bundled()
-        kube.resources[modelpools] = kmock.ResourceInfo(
-            kind="ModelPool",
-            singular="modelpool",
-            namespaced=True,
-            verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
-            subresources={"status"},
-        )
-        for pool in rendered.kind("ModelPool"):
-            stored = _as_stored(pool)
-            if pool["metadata"]["name"] == stuck:
-                stored["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
-            kube.objects[modelpools, NAMESPACE, pool["metadata"]["name"]] = stored
-        env = {
-            "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-            "HOME": str(tmp_path),
-            "KUBECONFIG": str(_kubeconfig(tmp_path / "kubeconfig", str(kube.url))),
-            "PYTHONPATH": f"{ROOT / 'deploy' / 'operator'}:{ROOT}",
-        }
-        started = time.monotonic()
-        process = await asyncio.create_subprocess_exec(
-            *container["command"], cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        output, _ = await asyncio.wait_for(process.communicate(), timeout=60)
-        elapsed = time.monotonic() - started
-        history = {name: list(kube.objects[modelpools, NAMESPACE, name].history) for name in (stuck, free)}
-
-    log = output.decode()
-    assert process.returncode == 0, log
-    assert f"removing their finalizers: {stuck}" in log, log
-    for name, versions in history.items():
-        assert versions[-1] is None, f"{name} was not deleted: {log}"
-    # The stuck pool was first marked for deletion (the operator's chance), then released.
-    marked = [v for v in history[stuck] if v is not None and v.get("metadata", {}).get("deletionTimestamp")]
-    assert marked and marked[0]["metadata"]["finalizers"] == ["kopf.zalando.org/KopfFinalizerMarker"]
-    assert elapsed >= 1  # it waited for the operator first
-
-
 # ------------------------------------------------------------------- what the manifests invoke exists
 
 
@@ -1284,7 +1077,7 @@ def test_every_module_and_file_the_pods_run_exists(render):
     modules.update(
         runpy.run_path(str(ROOT / f))["wsgi_app"].split(":")[0] for f in files if f.endswith("gunicorn.conf.py")
     )
-    assert {"workers.probe", "workers.drain", "workers.celery_app", "config.asgi"} <= modules
+    assert {"workers.probe", "workers.drain", "workers.worker", "workers.celery_app", "config.asgi"} <= modules
     missing = sorted(m for m in modules if _python_module_file(m) is None)
     missing += sorted(f for f in files if not (ROOT / f).is_file())
     assert not missing, f"the chart runs code that is not in the repository: {missing}"

@@ -92,7 +92,7 @@ def test_the_worker_reserves_an_nvidia_gpu_and_drains_on_stop(resolved):
     assert worker["stop_signal"] == "SIGTERM"
     assert worker["stop_grace_period"] == "10m"
     command = worker["command"]
-    assert command[:4] == ["celery", "-A", "workers.celery_app", "worker"]
+    assert command[:4] == ["celery", "-A", "workers.worker", "worker"]
     assert command[command.index("--pool") + 1] == "threads"
     assert command[command.index("-Q") + 1] == f"pool.{worker['environment']['WORKER_POOL']}"
     assert worker["environment"]["ENGINE_PROFILE"] == "a10g"

@@ -1,0 +1,72 @@
+"""The fleet simulator (benchmarks/fleet_sim.py), on a small fleet and a short trace."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import fleet_sim
+
+
+@pytest.fixture(scope="module")
+def report():
+    return fleet_sim.simulate(pools=5, hours=1.5, seed=3, warmup_hours=0.25)
+
+
+def test_it_drives_the_operators_own_decision_module():
+    assert fleet_sim.scaling.__file__ == str(fleet_sim.ROOT / "deploy" / "operator" / "scaling.py")
+    assert sys.modules["scaling"] is fleet_sim.scaling
+
+
+def test_every_policy_runs_on_the_same_trace_and_reports_its_figures(report):
+    names = [result["policy"] for result in report["results"]]
+    assert names[0] == "static" and names[-1] == "queue" and sum(n.startswith("operator") for n in names) == 2
+    requests = {result["requests"] for result in report["results"]}
+    assert len(requests) == 1 and requests.pop() > 0
+    for result in report["results"]:
+        assert result["gpu_hours"] > 0 and result["p50_wait_s"] is not None
+        assert result["p50_wait_s"] <= result["p99_wait_s"]
+        assert 0 < result["peak_nodes"] <= report["fleet"]["max_nodes"]
+    static = report["results"][0]
+    # Sized for its peak minute and never scaled: no start, no drop, no queueing to speak of.
+    assert static["pod_starts"] == 0 and static["dropped"] == 0 and static["p99_wait_s"] < 1
+    assert static["gpu_hours_vs_static"] == 1.0
+    assert set(report["goal"]) == set(names[1:-1])
+    assert "| static |" in fleet_sim.table(report)
+
+
+def test_no_request_is_lost_by_the_simulation():
+    fleet = fleet_sim.Fleet()
+    rng = np.random.default_rng(5)
+    pools = fleet_sim.default_pools(3, fleet, rng)
+    arrivals = fleet_sim.demand_trace(pools, fleet, 1800, rng)
+    static = fleet_sim.static_replicas(arrivals, fleet)
+    sim = fleet_sim.Simulation(pools, arrivals, fleet, fleet_sim.OperatorPolicy(pools), initial=static, warmup=0)
+    sim.run()
+    accounted = sim.wait_histogram.sum() + sim.dropped.sum() + sim.queue.sum()
+    assert accounted == pytest.approx(arrivals.sum(), rel=1e-9)
+
+
+def test_the_simulated_replicaset_deletes_unscheduled_then_not_ready_then_drained_then_newest_pods():
+    def pod(name, created, *, scheduled=True, ready=True, drained=False):
+        return fleet_sim.Pod(
+            name=name,
+            pool=0,
+            slot=0,
+            created=created,
+            scheduled=scheduled,
+            ready=ready,
+            drain_requested_at=1.0 if drained else None,
+        )
+
+    pods = [
+        pod("old-drained", 1, drained=True),
+        pod("newest", 9),
+        pod("loading", 5, ready=False),
+        pod("waiting-for-a-node", 8, scheduled=False, ready=False),
+        pod("old", 2),
+    ]
+    order = [p.name for p in sorted(pods, key=fleet_sim._deletion_rank)]
+    assert order == ["waiting-for-a-node", "loading", "old-drained", "newest", "old"]
