@@ -29,7 +29,8 @@ case "$cmd" in
       touch /tmp/site/.installed
       echo "installed $(ls /tmp/wh/*.whl | wc -l) wheels in $(( $(date +%s) - started )) s"
     fi
-    export PYTHONPATH=/tmp/site
+    # The wheels, then the source roots (what `make venv`'s .pth file does on a development machine).
+    export PYTHONPATH="/tmp/site:$PWD/platform:$PWD"
     python3 -c 'import vllm, torch, django, celery; print("vllm", vllm.__version__, "torch", torch.__version__, "django", django.__version__)'
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
     stages=()

@@ -33,6 +33,8 @@ class RequestRecord:
     first_token: float | None
     finished: float
     tokens: int
+    request_id: str | None = None  # the platform's X-Request-Id: its ledger row holds the worker's times
+    headers: float | None = None  # when the platform's response headers came (it sends them once admitted)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,36 @@ def summarize(streams: int, records: list[RequestRecord], started: float, errors
         errors=errors,
         max_generating=max_generating(records),
     )
+
+
+def ttft_breakdown(records: list[RequestRecord], worker_times: dict[str, tuple[int, int | None]]) -> dict:
+    """Where the platform's time to first token goes (p50 over the level's requests, ms), from the
+    worker's times in each request's ledger row (``worker_times``: request id -> (queue_ms, ttft_ms)):
+    ``queue`` from admission to the worker starting it (the Celery hop and the claim), ``engine`` from
+    there to the engine's first token, ``rest`` the client's time to first token minus both. When
+    the records carry the time the response headers came (sent once the request is admitted),
+    ``rest`` is split into ``gateway`` (request sent to headers: authentication, validation,
+    admission, enqueue) and ``relay`` (what is left: the first token's way back to the client)."""
+    queue, engine, rest, gateway, relay = [], [], [], [], []
+    for record in records:
+        times = worker_times.get(record.request_id or "")
+        if record.first_token is None or times is None or times[1] is None:
+            continue
+        queue_ms, ttft_ms = times
+        queue.append(queue_ms)
+        engine.append(ttft_ms)
+        rest.append((record.first_token - record.submitted) * 1000 - queue_ms - ttft_ms)
+        if record.headers is not None:
+            gateway.append((record.headers - record.submitted) * 1000)
+            relay.append(rest[-1] - gateway[-1])
+    return {
+        "requests": len(queue),
+        "queue_ms_p50": _round(_percentile(queue, 50)),
+        "engine_ttft_ms_p50": _round(_percentile(engine, 50)),
+        "rest_ms_p50": _round(_percentile(rest, 50)),
+        "gateway_ms_p50": _round(_percentile(gateway, 50)),
+        "relay_ms_p50": _round(_percentile(relay, 50)),
+    }
 
 
 def _round(value: float | None, digits: int = 1) -> float | None:

@@ -30,6 +30,10 @@ WARMUP_REQUESTS = 4
 WARMUP_TOKENS = 32
 
 BENCH_KV_CACHE_BYTES = 4 * 2**30
+# The platform comparison runs 256 and 512 streams on the h200 profile (256 sequences at once): 4 GiB
+# holds ~160 of them (the hybrid allocator keeps blocks per KV-cache group, docs/gpu.md "Capacity"),
+# so both sides preempted there; 16 GiB holds 256 with room to spare (98k FP8 blocks did, 2026-12-01).
+PLATFORM_KV_CACHE_BYTES = 16 * 2**30
 BENCH_GPU_MEMORY_UTILIZATION = 0.05
 BENCH_ARGS: dict[str, Any] = {
     "load_format": "dummy",
@@ -162,7 +166,9 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str) -> list[EngineRun]:
         runs = [stock_run(model_dir)] + [profile_run(p, model_dir) for p in PROFILES]
         return runs + [profile_run("h200", model_dir, name, **H200_VARIANTS[name]) for name in FIRST_RUN_VARIANTS]
     if stage == "platform":
-        return [profile_run("h200", tok_model_dir, "bare-h200", tokenizer=True, levels=PLATFORM_LEVELS)]
+        bare = profile_run("h200", tok_model_dir, "bare-h200", tokenizer=True, levels=PLATFORM_LEVELS)
+        args = {**bare.engine_args, **platform_worker_overrides()}
+        return [EngineRun(bare.name, args, bare.levels, bare.description)]
     if stage == "compare":
         return [stock_run(model_dir), profile_run("h200", model_dir)]
     if stage == "variants":
@@ -191,5 +197,6 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str) -> list[EngineRun]:
 
 
 def platform_worker_overrides() -> dict[str, Any]:
-    """ENGINE_ARGS_JSON for the platform's worker: random weights and the bench's memory settings."""
-    return dict(BENCH_ARGS)
+    """ENGINE_ARGS_JSON for the platform's worker: random weights and the bench's memory settings
+    (the platform comparison's larger KV cache, the same for its bare engine)."""
+    return {**BENCH_ARGS, "kv_cache_memory_bytes": PLATFORM_KV_CACHE_BYTES}

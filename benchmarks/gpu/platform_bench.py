@@ -19,16 +19,13 @@ import asyncio
 import json
 import os
 import secrets
-import signal
-import subprocess
 import sys
 import time
 import traceback
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from benchmarks.gpu import measure, plan
+from deploy.local.launcher import Child, beat_command, http_status, manage, stop_all, web_command, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_ID = "gemma-4-e4b"
@@ -46,7 +43,7 @@ class Stack:
         self.state_dir, self.log_dir, self.model_dir = args.state_dir, args.log_dir, args.model_dir
         self.port = args.port
         self.profile, self.engine_overrides = args.profile, args.worker_engine_args
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.children: list[Child] = []
         self.services = None
         self.env: dict[str, str] = {}
 
@@ -60,7 +57,6 @@ class Stack:
 
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.services = ensure_services(self.state_dir)
-        pythonpath = [str(ROOT / "platform"), str(ROOT), os.environ.get("PYTHONPATH", "")]
         self.env = {
             **os.environ,
             **self.services,
@@ -70,7 +66,6 @@ class Stack:
             "SESSION_COOKIE_SECURE": "0",
             "CSRF_COOKIE_SECURE": "0",
             "DJANGO_SETTINGS_MODULE": "config.settings",
-            "PYTHONPATH": os.pathsep.join(p for p in pythonpath if p),
             "PYTHONUNBUFFERED": "1",
             "GUNICORN_BIND": f"127.0.0.1:{self.port}",
             "WEB_CONCURRENCY": str(WEB_CONCURRENCY),
@@ -88,63 +83,34 @@ class Stack:
         return self.manage("createkey", TENANT, "--name", "gpu bench").strip().splitlines()[-1].strip()
 
     def manage(self, *args: str) -> str:
-        result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
-        if result.returncode != 0:
-            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-        return result.stdout
+        return manage(self.env, *args)
 
     def start(self) -> None:
-        celery = [sys.executable, "-m", "celery", "-A", "workers.celery_app"]
         commands = {
-            "worker": [*celery, "worker", "--pool", "threads", "--concurrency", str(WORKER_THREADS),
-                       "-Q", f"pool.{POOL},control", "-n", "gpu@%h", "--loglevel", "INFO"],
-            "beat": [*celery, "beat", "--loglevel", "INFO", "--schedule", str(self.state_dir / "beat-schedule")],
-            "web": [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"],
-        }  # fmt: skip
-        for name, argv in commands.items():
-            log = open(self.log_dir / f"platform-{name}.log", "ab")  # noqa: SIM115 - the child owns it
-            self.procs[name] = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                                stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-            log.close()
+            "worker": worker_command("gpu", f"pool.{POOL},control", WORKER_THREADS),
+            "beat": beat_command(self.state_dir / "beat-schedule"),
+            "web": web_command(),
+        }
+        self.children = [
+            Child(name, argv, self.log_dir / f"platform-{name}.log", env=self.env).start()
+            for name, argv in commands.items()
+        ]
 
     def wait_ready(self, deadline: float) -> float:
         """Seconds until /readyz answers 200 (the worker's engine is ready)."""
         started = time.monotonic()
         while time.monotonic() < deadline:
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode}; see platform-{name}.log")
-            if _status(f"{self.base}/readyz") == 200:
+            for child in self.children:
+                child.check_alive()
+            if http_status(f"{self.base}/readyz") == 200:
                 return time.monotonic() - started
             time.sleep(1)
         raise TimeoutError("the platform's worker was not ready in time; see platform-worker.log")
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_all(self.children, timeout=20)
         if self.services is not None:
             self.services.stop()
-
-
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
 
 
 def _worth_decoding(line: bytes, seen_text: bool) -> bool:
@@ -169,6 +135,7 @@ async def _one_request(session, url: str, key: str, prompt: list[int], max_token
     submitted = time.perf_counter()
     first, tokens = None, None
     async with session.post(url, json=body, headers={"Authorization": f"Bearer {key}"}) as response:
+        headers = time.perf_counter()
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:300]}")
         async for raw in response.content:
@@ -186,7 +153,8 @@ async def _one_request(session, url: str, key: str, prompt: list[int], max_token
                 tokens = event["usage"]["completion_tokens"]
     if tokens is None:
         raise RuntimeError("the stream ended without usage")
-    return measure.RequestRecord(submitted, first, time.perf_counter(), tokens)
+    request_id = response.headers.get("X-Request-Id")
+    return measure.RequestRecord(submitted, first, time.perf_counter(), tokens, request_id, headers)
 
 
 async def run_level(base: str, key: str, streams: int, seconds: float, seed: int, high: int, max_tokens: int,
@@ -203,7 +171,7 @@ async def run_level(base: str, key: str, streams: int, seconds: float, seed: int
 
         records, started, errors = await measure.drive(streams, seconds, one, max_requests)
     result = measure.summarize(streams, records, started, errors=len(errors))
-    return result, errors[:5]
+    return result, errors[:5], records
 
 
 def bench(args) -> dict:
@@ -234,21 +202,47 @@ def bench(args) -> dict:
             # thread serves one before the clock runs (the gateway loads the tokenizer on a
             # process's first request, seconds for a 262k vocabulary, holding up that process).
             warm_streams = max(args.levels)
-            warm_level, _ = asyncio.run(run_level(stack.base, key, warm_streams, 0, args.seed + 1,
+            warm_level, _, _ = asyncio.run(run_level(stack.base, key, warm_streams, 0, args.seed + 1,
                                                   args.prompt_id_high, plan.WARMUP_TOKENS, max_requests=1))  # fmt: skip
             result["warmup"] = warm_level.to_dict()
             result["level_scale"] = scale = measure.read_scale(args.barrier)
+            level_records = []
             for streams in args.levels:
                 seconds = plan.level_seconds(streams) * scale
-                level, errors = asyncio.run(run_level(stack.base, key, streams, seconds, args.seed,
+                level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, args.seed,
                                                       args.prompt_id_high, plan.OUTPUT_TOKENS))  # fmt: skip
                 result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1), "error_samples": errors})
+                level_records.append(records)
                 print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s over {level.wall_s:.1f} s "
                       f"(ttft p50 {level.ttft_ms_p50} ms, batch {level.max_generating}, errors {level.errors})",
                       flush=True)  # fmt: skip
+            _add_ttft_breakdown(result["levels"], level_records, stack.env["DATABASE_URL"])
     finally:
         stack.stop()
     return result
+
+
+def _add_ttft_breakdown(levels: list[dict], level_records: list[list[measure.RequestRecord]], database_url: str):
+    """Each level's time to first token split by the worker's times in the ledger (measure.ttft_breakdown)."""
+    import psycopg
+
+    ids = [r.request_id for records in level_records for r in records if r.request_id]
+    deadline = time.monotonic() + 30
+    with psycopg.connect(database_url) as conn:
+        # The gateway writes each row as its stream ends; the periodic flush catches any it missed.
+        while True:
+            rows = conn.execute(
+                "SELECT request_id, queue_ms, ttft_ms FROM ledger_usagerecord WHERE request_id = ANY(%s)", (ids,)
+            ).fetchall()
+            if len(rows) >= len(ids) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    worker_times = {request_id: (queue_ms, ttft_ms) for request_id, queue_ms, ttft_ms in rows}
+    for level, records in zip(levels, level_records, strict=True):
+        level["ttft_breakdown"] = breakdown = measure.ttft_breakdown(records, worker_times)
+        print(f"[platform] {level['streams']:>4} streams: ttft p50 {level['ttft_ms_p50']} ms = queue "
+              f"{breakdown['queue_ms_p50']} + engine {breakdown['engine_ttft_ms_p50']} + gateway "
+              f"{breakdown['gateway_ms_p50']} + relay {breakdown['relay_ms_p50']} (p50 each)", flush=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

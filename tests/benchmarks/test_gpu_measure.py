@@ -136,3 +136,26 @@ def test_the_level_scale_is_read_from_the_barrier(tmp_path):
     assert run.level_scale({"a": 100}, {"a"}, time_left=900) == 1.0
     (tmp_path / "scale").write_text("0.5")
     assert measure.read_scale(tmp_path) == 0.5
+
+
+def test_the_ttft_breakdown_splits_the_clients_time_by_the_workers_times():
+    records = [
+        measure.RequestRecord(10.0, 10.250, 11.0, 4, "a"),  # 250 ms = 40 queue + 150 engine + 60 rest
+        measure.RequestRecord(10.0, 10.300, 11.0, 4, "b"),  # 300 ms = 60 + 200 + 40
+        measure.RequestRecord(10.0, None, 11.0, 0, "c"),  # no first token: left out
+        measure.RequestRecord(10.0, 10.100, 11.0, 4, "unknown"),  # no ledger row: left out
+    ]
+    times = {"a": (40, 150), "b": (60, 200), "c": (10, None)}
+    breakdown = measure.ttft_breakdown(records, times)
+    assert breakdown["requests"] == 2
+    assert breakdown["queue_ms_p50"] == 50.0
+    assert breakdown["engine_ttft_ms_p50"] == 175.0
+    assert breakdown["rest_ms_p50"] == 50.0
+    assert breakdown["gateway_ms_p50"] is None  # no header times recorded
+
+
+def test_the_ttft_breakdown_splits_the_rest_at_the_response_headers():
+    record = measure.RequestRecord(10.0, 10.250, 11.0, 4, "a", headers=10.020)  # headers after 20 ms
+    breakdown = measure.ttft_breakdown([record], {"a": (40, 150)})
+    assert breakdown["gateway_ms_p50"] == 20.0
+    assert round(breakdown["relay_ms_p50"], 6) == 40.0  # 250 - 40 - 150 - 20
