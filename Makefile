@@ -22,15 +22,22 @@ FORBIDDEN := torchvision torchaudio torchcodec
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: help venv install up test test-deps lint bench bench-batching services-stop clean clean-state distclean
+.PHONY: help venv install up test test-deps lint bench bench-batching faults services-stop clean clean-state distclean
 
 help: ## list the targets
 	@echo "Targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 	@echo "Variables: PORT (default 8000), DATABASE_URL / REDIS_URL (default: embedded servers in .run/),"
-	@echo "           PYTEST_ARGS, BENCH_ARGS, PYTHON (a Python 3.11), TORCH_INDEX_URL"
+	@echo "           PYTEST_ARGS, BENCH_ARGS, PYTHON (a Python 3.11), TORCH_INDEX_URL,"
+	@echo "           KUBEBUILDER_ASSETS (kube-apiserver/etcd for the Kubernetes tests; else ../shared/k8s)"
 
-venv: $(STAMP) ## create .venv and install the requirements (skipped when up to date)
+# The source roots, platform/ (the Django apps; not a package: see docs/architecture.md) and the
+# repository (workers, deploy, benchmarks), go on the path of every interpreter of the venv through
+# a .pth file: manage.py, gunicorn, Celery, pytest and the launchers set no sys.path or PYTHONPATH.
+SOURCE_ROOTS := $(CURDIR)/platform $(CURDIR)
+
+venv: $(STAMP) ## create .venv, install the requirements (skipped when up to date), put the sources on its path
+	@$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "gemma-platform.pth").write_text("".join(root + "\n" for root in sys.argv[1:]))' $(SOURCE_ROOTS)
 install: venv ## same as venv
 
 $(STAMP): $(REQUIREMENTS)
@@ -76,6 +83,9 @@ bench: venv ## run the benchmarks (python -m benchmarks.run)
 
 bench-batching: venv ## 32 requests one by one against 32 at once through the platform (python -m benchmarks.batching)
 	$(PY) -m benchmarks.batching
+
+faults: venv ## fault-injection soak against the CPU stack: worker kill, Redis restart, web kill, disconnect (python -m benchmarks.faults)
+	$(PY) -m benchmarks.faults $(FAULTS_ARGS)
 
 services-stop: ## stop the embedded PostgreSQL and Redis of .run/ (make up and make test leave none running)
 	@if [ -x $(PY) ]; then $(PY) -m deploy.local.services --stop; fi

@@ -2,7 +2,9 @@
 """Django's command-line utility for the control plane.
 
 `platform/` is a source root, not a package: a top-level `platform` package would shadow the
-standard library's `platform` module (see docs/architecture.md), so it goes on sys.path here.
+standard library's `platform` module (see docs/architecture.md). It and the repository are on the
+path of every interpreter of the virtual environment (`make venv` writes a .pth file; the images set
+PYTHONPATH).
 
 Settings come from the environment. When it names no database and a local stack (`make up`) has
 saved its settings (`.run/settings.json`, or under `UP_STATE_DIR`), those are used, so an
@@ -15,8 +17,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "platform"))
-sys.path.insert(0, str(ROOT))
 
 
 def _local_stack_settings() -> Path | None:

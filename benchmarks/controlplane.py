@@ -12,8 +12,11 @@ Measured operations:
 
 - key check: ``apikey_authenticate`` (prefix lookup, Redis-cached record, constant-time HMAC compare);
 - quota script: ``quota_admit`` alone (one Lua call: RPM, TPM, concurrency, budget; reserves);
-- admission decision: key check + the tenant's limits (Redis-cached) + ``quota_admit``, what the
-  gateway does before enqueueing; the reservation is then released so limits never bind;
+- quota script, check only: ``quota_admit(check_only=True)`` (the same Lua call, reserving nothing);
+- admission decision: key check + the tenant's limits (Redis-cached) + ``quota_admit``; the
+  reservation is then released so limits never bind;
+- admission decision as served: the same with the gateway's two early checks before it (one with a
+  lower bound of the prompt's size, one with its exact size: three admission Lua calls per request);
 - ledger write, one per request: the worker's pending entry, then ``ledger_flush(request_ids=[rid])``
   (settles the quota and inserts the row), the gateway's fast path when a request ends;
 - ledger write, batched: the periodic flush draining 500 pending entries per INSERT.
@@ -47,9 +50,6 @@ def _setup_django() -> None:
         DJANGO_SETTINGS_MODULE="config.settings",
         LOG_LEVEL="WARNING",
     )
-    for path in (str(ROOT / "platform"), str(ROOT)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
     import django
 
     django.setup()
@@ -112,10 +112,19 @@ def run(seconds: float) -> list[dict]:
                     max_tokens=128, implicit_max_tokens=False)  # fmt: skip
         return 1
 
-    def admission() -> int:
+    def quota_check_only() -> int:
+        quota_admit(request_id="check", tenant_id=tenant.id, key_id=api_key.id, limits=limits, prompt_tokens=128,
+                    max_tokens=128, implicit_max_tokens=False, check_only=True)  # fmt: skip
+        return 1
+
+    def admission(early_checks: int = 0) -> int:
         principal = apikey_authenticate(plaintext=plaintext)
         request_limits = limits_for(tenant_id=principal.tenant_id, key_id=principal.key_id)
         rid = uuid.uuid4().hex
+        for _ in range(early_checks):
+            quota_admit(request_id="check", tenant_id=principal.tenant_id, key_id=principal.key_id,
+                        limits=request_limits, prompt_tokens=128, max_tokens=128, implicit_max_tokens=False,
+                        check_only=True)  # fmt: skip
         quota_admit(request_id=rid, tenant_id=principal.tenant_id, key_id=principal.key_id, limits=request_limits,
                     prompt_tokens=128, max_tokens=128, implicit_max_tokens=False)  # fmt: skip
         quota_release(request_id=rid)
@@ -142,7 +151,9 @@ def run(seconds: float) -> list[dict]:
     results = [
         rate("key check", key_check, seconds),
         rate("quota script (quota_admit)", quota_script, seconds),
+        rate("quota script, check only (quota_admit(check_only=True))", quota_check_only, seconds),
         rate("admission decision (key check + limits + quota script)", admission, seconds),
+        rate("admission decision as served (+ 2 early checks)", lambda: admission(early_checks=2), seconds),
         rate("ledger write, one per request (fast path)", ledger_single, seconds),
         rate("ledger write, batched flush (500 per batch)", ledger_batched, seconds),
     ]

@@ -152,9 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
 
-    repo = Path(__file__).resolve().parent.parent
-    if str(repo) not in sys.path:
-        sys.path.insert(0, str(repo))
     from workers.profiles import engine_env_for
 
     os.environ.update(engine_env_for(args.profile))  # e.g. VLLM_CPU_KVCACHE_SPACE on the cpu profile

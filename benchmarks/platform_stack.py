@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
 from benchmarks.procs import ROOT, STATE_DIR, Child, engine_cpu_env, free_port
+from deploy.local.launcher import beat_command, manage, stop_all, wait_worker_ready, web_command, worker_command
 
 POOL = "bench"
 BENCH_DATABASE = "gemma_bench"
@@ -49,8 +48,12 @@ def recreate_database(server_url: str, name: str) -> None:
 class PlatformStack:
     """The whole platform on local ports; ``base_url`` ends in /v1 and ``api_key`` is a tenant's key."""
 
-    def __init__(self, model_dir: str, served_model_name: str, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, model_dir: str, served_model_name: str, extra_env: dict[str, str] | None = None,
+        database: str = BENCH_DATABASE,
+    ) -> None:  # fmt: skip
         self.model_dir, self.model_name = str(Path(model_dir).resolve()), served_model_name
+        self.database = database  # dropped and re-created on entry
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.extra_env = dict(extra_env or {})
@@ -65,9 +68,9 @@ class PlatformStack:
         from deploy.local.services import ensure_services
 
         self.services = ensure_services(ROOT / ".run")
-        database_url = with_database(self.services["DATABASE_URL"], BENCH_DATABASE)
+        database_url = with_database(self.services["DATABASE_URL"], self.database)
         redis_url = with_redis_db(self.services["REDIS_URL"], int(os.environ.get("BENCH_REDIS_DB", "12")))
-        recreate_database(self.services["DATABASE_URL"], BENCH_DATABASE)
+        recreate_database(self.services["DATABASE_URL"], self.database)
         import redis
 
         redis.Redis.from_url(redis_url).flushdb()
@@ -82,7 +85,6 @@ class PlatformStack:
             SECRET_KEY=secrets.token_urlsafe(48),
             DATABASE_URL=database_url,
             REDIS_URL=redis_url,
-            PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
             DJANGO_SETTINGS_MODULE="config.settings",
             GUNICORN_BIND=f"127.0.0.1:{self.port}",
             SERVED_MODEL=self.model_name,
@@ -94,12 +96,7 @@ class PlatformStack:
         return env
 
     def manage(self, *args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-        return result.stdout
+        return manage(self.env, *args)
 
     def _provision(self) -> None:
         self.manage("migrate", "--noinput", "-v", "0")
@@ -110,33 +107,16 @@ class PlatformStack:
         )
 
     def _children(self) -> list[Child]:
-        python, celery = sys.executable, [sys.executable, "-m", "celery", "-A", "workers.celery_app"]
+        worker = worker_command("bench", f"pool.{POOL},control", self.worker_concurrency, loglevel="WARNING")
         return [
-            Child("platform-web", [python, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"], self.env),
-            Child("platform-worker", [*celery, "worker", "--pool", "threads", "--concurrency",
-                                      str(self.worker_concurrency), "-Q", f"pool.{POOL},control", "-n",
-                                      "bench@%h", "--loglevel", "WARNING"], self.env, hosts_engine=True),
-            Child("platform-beat", [*celery, "beat", "--loglevel", "WARNING", "--schedule",
-                                    str(STATE_DIR / "celerybeat-schedule")], self.env),
-        ]  # fmt: skip
+            Child("platform-web", web_command(), self.env),
+            Child("platform-worker", worker, self.env, hosts_engine=True),
+            Child("platform-beat", beat_command(STATE_DIR / "celerybeat-schedule", loglevel="WARNING"), self.env),
+        ]
 
     def _wait_worker_ready(self, since: float = 0.0, timeout: float = START_TIMEOUT_S) -> None:
         """Wait for a ready worker whose last heartbeat is fresh and later than ``since`` (unix time)."""
-        import redis
-
-        from workers import protocol
-
-        client = redis.Redis.from_url(self.env["REDIS_URL"], decode_responses=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for child in self.children:
-                child.check_alive()
-            oldest = max(since, time.time() - 10)
-            names = client.zrangebyscore(protocol.pool_workers_key(POOL), oldest, "+inf")
-            if any(client.hget(protocol.worker_key(name), "state") == "ready" for name in names):
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"no worker of pool {POOL} became ready within {timeout:.0f} s")
+        wait_worker_ready(self.env["REDIS_URL"], POOL, timeout=timeout, since=since, children=self.children)
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> PlatformStack:
@@ -165,8 +145,7 @@ class PlatformStack:
         self._wait_worker_ready(since=resumed, timeout=60)
 
     def __exit__(self, *exc: object) -> None:
-        for child in reversed(self.children):
-            child.stop()
+        stop_all(self.children)
         if self.services is not None:
             self.services.stop()  # only the embedded servers this run started
 

@@ -9,19 +9,21 @@ threads. No request timeout, so long generations are never cut.
 
 import os
 
+from config.env import ConfigError, env_bool, env_int
+
 
 def _int(name: str, default: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
     try:
-        return int(raw)
-    except ValueError:
-        raise SystemExit(f"{name} must be an integer, got {raw!r}") from None
+        return env_int(name, default)
+    except ConfigError as exc:  # gunicorn prints a SystemExit's message and stops
+        raise SystemExit(str(exc)) from None
 
 
 def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+    try:
+        return env_bool(name, False)
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 # All interfaces by default: in a container the port is reached from outside it. make up binds 127.0.0.1.

@@ -5,15 +5,11 @@ its own Redis database index (TEST_REDIS_DB, default 15) so it never flushes an 
 """
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-for path in (ROOT / "platform", ROOT):
-    if str(path) not in sys.path:
-        sys.path.insert(0, str(path))
 
 
 TINY_MODEL_ID = "tiny-gemma4"
@@ -25,6 +21,14 @@ def tiny_model_dir() -> Path:
     from workers.tinymodel import build_tiny_model
 
     return build_tiny_model(ROOT / ".run" / "models" / TINY_MODEL_ID)
+
+
+@pytest.fixture(scope="session")
+def tiny_mm_model_dir() -> Path:
+    """The tiny random-weight multimodal Gemma 4 model (text and vision), built once into .run/."""
+    from workers.tinymodel_mm import build_tiny_mm_model
+
+    return build_tiny_mm_model(ROOT / ".run" / "models" / f"{TINY_MODEL_ID}-mm")
 
 
 @pytest.fixture
@@ -51,7 +55,7 @@ def make_tenant(db):
     return make
 
 
-from tests.e2e.stack import live_stack, stack_redis_url, tiny_stack  # noqa: E402, F401  (session fixture: gunicorn + Celery + vLLM)
+from tests.e2e.stack import live_stack, stack_database_url, stack_redis_url, tiny_stack  # noqa: E402, F401  (session fixture: gunicorn + Celery + vLLM)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,8 @@
 """The Celery application shared by the gateway (producer), the GPU workers and beat.
 
+This module is all a web process imports to send tasks. Worker processes load ``workers.worker``
+(``celery -A workers.worker worker``), which adds the worker runtime (engine, heartbeat, drain).
+
 Queues: `pool.<pool>` per model pool (inference, consumed by GPU workers) and `control`
 (bookkeeping such as the periodic ledger flush). Interactive inference runs at most once:
 tasks are acknowledged on receipt (acks_late off), so a lost worker's request is never replayed;
@@ -7,16 +10,10 @@ the gateway notices the worker is gone and ends the stream with an error instead
 """
 
 import os
-import sys
-from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parent.parent
-for _path in (_ROOT / "platform", _ROOT):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+from celery import Celery
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-
-from celery import Celery  # noqa: E402
 
 app = Celery("gemma_platform", include=["workers.tasks", "quotas.tasks", "billing.tasks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -32,8 +29,8 @@ app.conf.update(
     task_default_queue="control",
     task_serializer="json",
     accept_content=["json"],
-    # Ack emulation stays on (kombu's default): turning it off (two fewer round trips per task) was
-    # tried and measured no better in the end-to-end batching test (docs/benchmarks.md).
+    # Ack emulation stays on (kombu's default): turning it off saves two round trips per task but
+    # measures no faster in the end-to-end batching test (docs/benchmarks.md).
     broker_transport_options={"visibility_timeout": 3600},
     # kombu's Redis transport, reusing one client per channel for publishing (workers/broker.py).
     broker_transport="workers.broker:Transport",
@@ -49,6 +46,3 @@ app.conf.update(
         },
     },
 )
-
-# Connects the worker's signal handlers (engine start, heartbeat, drain); hosts no engine by itself.
-from workers import serving  # noqa: E402, F401

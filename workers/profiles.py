@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from config.env import env_bool
+
 DEFAULT_PROFILE = "cpu"
 
 
@@ -31,12 +33,26 @@ class EngineProfile:
     engine_args: Mapping[str, Any]
     env: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
+    # Tenants' LoRA adapters: the engine arguments that turn them on, added when ENGINE_LORA is true
+    # (default `lora_by_default`).
+    lora_args: Mapping[str, Any] = field(default_factory=dict)
+    lora_by_default: bool = False
 
     def __post_init__(self) -> None:
         # Read-only views, so a caller cannot change a shared profile by accident.
         object.__setattr__(self, "engine_args", MappingProxyType(dict(self.engine_args)))
         object.__setattr__(self, "env", MappingProxyType(dict(self.env)))
+        object.__setattr__(self, "lora_args", MappingProxyType(dict(self.lora_args)))
 
+
+# Tenants' LoRA adapters (workers/adapters.py). vLLM preallocates, per adapter slot of a batch
+# (max_loras), rank x (in + out) weights of every adapted layer: for gemma-4-E4B at rank 16, all seven
+# attention and MLP projections of 42 layers, ~72 MB per slot in bf16 (8 slots ~0.6 GB taken from the
+# KV cache). Up to max_cpu_loras adapters stay loaded (host memory), evicted least recently used.
+# max_lora_rank must be at least the control plane's ADAPTER_MAX_RANK (the largest rank it accepts).
+LORA_ARGS: Mapping[str, Any] = MappingProxyType(
+    {"enable_lora": True, "max_loras": 8, "max_lora_rank": 16, "max_cpu_loras": 32}
+)
 
 PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
     {
@@ -56,6 +72,9 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 "enable_prefix_caching": True,
                 "disable_log_stats": True,
             },
+            lora_args=LORA_ARGS,
+            # On the CPU a LoRA-enabled engine measured no slower on base requests (docs/benchmarks.md).
+            lora_by_default=True,
             env={
                 # GiB of RAM for the KV cache; without it the CPU backend reserves most of RAM.
                 "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -102,6 +121,9 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 "async_scheduling": True,
                 "disable_log_stats": False,
             },
+            # Tenants' adapters (ENGINE_LORA=1): 8 per batch, ~0.6 GB of preallocated buffers.
+            # Off by default: their cost to base requests on a GPU has not been measured.
+            lora_args=LORA_ARGS,
         ),
         "h200": EngineProfile(
             name="h200",
@@ -138,21 +160,12 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 "async_scheduling": True,
                 "disable_log_stats": False,
             },
+            # Tenants' adapters (ENGINE_LORA=1): 32 per batch, ~2.3 GB of buffers. Off by default:
+            # their cost to base requests has not been measured on the H200.
+            lora_args={**LORA_ARGS, "max_loras": 32, "max_cpu_loras": 128},
         ),
     }
 )
-
-
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    value = raw.strip().lower()
-    if value in {"1", "true", "yes", "on"}:
-        return True
-    if value in {"0", "false", "no", "off"}:
-        return False
-    raise ValueError(f"{name} must be a boolean (true/false/1/0), got {raw!r}")
 
 
 def _env_json_object(name: str) -> dict[str, Any]:
@@ -192,8 +205,10 @@ def engine_args_for(profile_name: str, model_path: str, **overrides: Any) -> dic
         args["model"] = str(model_path)
     if "model" not in args:
         raise ValueError(f"engine profile {profile.name!r} names no model; pass model_path")
+    if env_bool("ENGINE_LORA", profile.lora_by_default):
+        args.update(profile.lora_args)
     if profile.name == "cpu":
-        args["enforce_eager"] = _env_bool("ENGINE_ENFORCE_EAGER", bool(args.get("enforce_eager", True)))
+        args["enforce_eager"] = env_bool("ENGINE_ENFORCE_EAGER", bool(args.get("enforce_eager", True)))
     args.update(overrides)
     args.update(_env_json_object("ENGINE_ARGS_JSON"))
     return args

@@ -1,13 +1,17 @@
 """The Redis contract between the gateway (web) and the GPU workers.
 
 Per request (all keys expire after REQUEST_TTL seconds):
-  req:<rid>:in      JSON input written by the gateway before dispatch (prompt ids, params, who pays).
+  req:<rid>:in      JSON input written by the gateway before dispatch (prompt ids, params, who pays,
+                    a multimodal request's images).
   req:<rid>:claim   identity of the worker that claimed the request: set in the same script that takes
                     (GETDEL) the input, so a request whose input is gone always names its claimer.
   req:<rid>:ev      Redis Stream of events written by the worker, read by the gateway:
                       t=start  w=<worker identity>
                       t=delta  x=<text> n=<new completion tokens>      (coalesced: one per flush interval)
-                      t=done   u=<usage JSON>
+                               [i=<choice index>, when n > 1] [l=<logprobs JSON>, when asked for:
+                               a list of [token, logprob, [[token, logprob], ...]] per token]
+                      t=done   u=<usage JSON> [c=<choices JSON>, when n > 1 or tools are parsed: per
+                               choice {"finish_reason": ..., "tool_calls": [{"name", "arguments"}]}]
                       t=error  m=<message> c=<code>
   req:<rid>:cancel  set by the gateway when the client went away; the worker aborts the engine request.
   req:<rid>:reader  the gateway's lease on the request (READER_LEASE_SECONDS), set at enqueue and
@@ -20,7 +24,10 @@ start, `worker_identity`: a worker restarted under the same node name is a new w
 requests its previous process claimed or started are lost, not taken for its own):
   pool:<pool>:workers  sorted set worker identity -> last heartbeat (unix seconds)
   worker:<identity>    hash: node, pool, pod, model, state (starting|ready|draining|stopped), in_flight,
-                       slots, tps, updated
+                       slots, tps, updated, adapters (comma-separated ids of the LoRA adapters its
+                       engine holds)
+Queues: pool.<pool> (every worker of the pool) and worker.<identity> (that worker only: a request for
+an adapter it holds, gateway/dispatch.py).
   pool:<pool>:drain    set of pod names asked to drain
   pool:<pool>:waiting  count of requests held at a gateway waiting for a worker (scale from zero)
 """
@@ -28,7 +35,8 @@ requests its previous process claimed or started are lost, not taken for its own
 import json
 import os
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import ClassVar
 
 REQUEST_TTL = 3600
 # The gateway holds a lease on each request it relays (req:<rid>:reader, set at enqueue, renewed
@@ -68,6 +76,18 @@ def worker_key(name: str) -> str:
     return f"worker:{name}"
 
 
+def fresh_workers(client, pool: str, since: float) -> dict[str, dict]:
+    """The heartbeat records (``worker:<identity>`` hashes, plus ``seen``: the last heartbeat, unix
+    seconds) of the workers of ``pool`` that heartbeat at or after ``since``, by identity. ``client``
+    is a synchronous redis client that decodes responses; the records come in one round trip."""
+    scored = client.zrangebyscore(pool_workers_key(pool), since, "+inf", withscores=True)
+    pipe = client.pipeline(transaction=False)
+    for name, _ in scored:
+        pipe.hgetall(worker_key(name))
+    records = pipe.execute() if scored else []
+    return {name: {**record, "seen": seen} for (name, seen), record in zip(scored, records, strict=True)}
+
+
 def worker_identity(node: str) -> str:
     """A worker process's identity in Redis: its Celery node name (``worker@%h``, for people and
     for Celery's remote control) and a nonce of this process start."""
@@ -86,6 +106,11 @@ def queue_name(pool: str) -> str:
     return f"pool.{pool}"
 
 
+def worker_queue_name(identity: str) -> str:
+    """The queue only this worker process consumes: requests sent to it because it holds their adapter."""
+    return f"worker.{identity}"
+
+
 @dataclass
 class RequestInput:
     """What a worker needs to run one request; stored at input_key(rid)."""
@@ -98,13 +123,44 @@ class RequestInput:
     key_id: int
     enqueued_at: float
     cache_salt: str = ""
+    # How the worker reads tool calls out of each choice (gateway/structured.py ToolSpec): "" none,
+    # "auto" (the model's own call syntax), "required" (a JSON array of {name, parameters}), "named"
+    # (the JSON arguments of `tool_name`).
+    tool_mode: str = ""
+    tool_name: str = ""
+    # A tenant's LoRA adapter to run with (0: the base model): its stable id (the engine's LoRA id)
+    # and the digest of its files in the adapter store (workers/adapters.py).
+    adapter_id: int = 0
+    adapter_digest: str = ""
+    # The worker whose own queue the request was sent to (it holds the adapter); "" for the pool's queue.
+    routed_to: str = ""
+    # The images of a multimodal chat request, in prompt order (gateway/images.py): each
+    # {"data": base64 of a PNG, JPEG or WebP file, at most the model's largest input, "tokens": the
+    # prompt tokens it takes}. Each is one placeholder token in prompt_token_ids, which the engine
+    # expands into its `tokens` tokens.
+    images: list[dict] = field(default_factory=list)
+    # Fields of the stored input this version does not know (set by `loads`, never stored).
+    unknown_fields: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's length as the engine prefills it (images expanded)."""
+        return len(self.prompt_token_ids) + sum(image["tokens"] - 1 for image in self.images)
 
     def dumps(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
     def loads(cls, raw: str) -> "RequestInput":
-        return cls(**json.loads(raw))
+        """The stored input. Fields this version does not know (a newer gateway during a rolling
+        upgrade) are named in `unknown_fields`: the worker refuses such a request at once (an error
+        the client sees now) rather than run it without what they ask for, or fail the task and leave
+        the gateway to wait out the start timeout."""
+        data = json.loads(raw)
+        known = {f.name for f in fields(cls)}
+        request = cls(**{name: value for name, value in data.items() if name in known})
+        request.unknown_fields = tuple(sorted(set(data) - known))
+        return request
 
 
 @dataclass

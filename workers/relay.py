@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import logging
 import time
 
@@ -35,7 +36,10 @@ import redis.asyncio
 
 from config.redis_client import REDIS_UNAVAILABLE
 from workers import protocol
-from workers.engine import EngineHost
+from workers.adapters import AdapterResolver
+from workers.choices import Choice, compact_logprobs
+from workers.engine import EngineHost, RequestRejected
+from workers.images import decode_images
 from workers.protocol import RequestInput, Usage
 
 log = logging.getLogger(__name__)
@@ -66,8 +70,9 @@ class RelayedRequest:
         self.engine_request: concurrent.futures.Future | None = None
         self.submitted_at = time.monotonic()
         self.first_token_at: float | None = None
-        self.texts: list[str] = []
-        self.tokens = 0
+        self.n = int(request.params.get("n") or 1)
+        self.top_logprobs = request.params.get("logprobs")
+        self.choices = [Choice(i, holding=request.tool_mode in ("required", "named")) for i in range(self.n)]
         self.start_pending = True
         self.text_sent = False
         self.finished = False
@@ -77,16 +82,28 @@ class RelayedRequest:
         self.reader_seen = False  # its gateway's lease was seen: a lapse then means no one reads it
 
     # -- from the engine ------------------------------------------------------------------
-    def push(self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None) -> None:
+    def prefilled(self, prompt_tokens: int) -> None:
+        self.usage.prompt_tokens = prompt_tokens
+
+    def push(
+        self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None, index: int = 0,
+        logprobs: list | None = None,
+    ) -> None:  # fmt: skip
         if self.finished:
             return
+        choice = self.choices[index]
         if token_ids:
             if self.first_token_at is None:
                 self.first_token_at = time.monotonic()
-            self.tokens += len(token_ids)
+            choice.tokens += len(token_ids)
             self.usage.completion_tokens += len(token_ids)
+            if self.top_logprobs is not None and logprobs:
+                entries = compact_logprobs(logprobs, token_ids, self.top_logprobs)
+                choice.logprobs = (choice.logprobs or []) + entries
         if text:
-            self.texts.append(text)
+            text = choice.add_text(text, self.request.tool_mode)
+        if finish_reason is not None:
+            choice.finish_reason = finish_reason
         if finished:
             self.finished = True
             self.usage.finish_reason = finish_reason
@@ -122,17 +139,35 @@ class RelayedRequest:
         if self.start_pending:
             self.start_pending = False
             entries.append(self._entry({"t": "start", "w": self.usage.worker}))
-        if self.texts or self.tokens:
-            text = "".join(self.texts)
-            entries.append(self._entry({"t": "delta", "x": text, "n": self.tokens}))
-            self.text_sent = self.text_sent or bool(text)
-            self.texts, self.tokens = [], 0
+        ends = [self._finish(choice) for choice in self.choices] if self.finished else []
+        for choice in self.choices:
+            if choice.pending():
+                entries.append(self._entry(self._delta(choice)))
         if self.finished:
             self.end_written = True
             if self.error is not None:
-                entries.append(self._entry({"t": "error", "m": f"engine error: {self.error}", "c": "engine_error"}))
-            entries.append(self._entry({"t": "done", "u": self._final_usage().dumps()}))
+                entries.append(self._entry(_error_fields(self.error)))
+            done = {"t": "done", "u": self._final_usage().dumps()}
+            if self.n > 1 or self.request.tool_mode:
+                done["c"] = json.dumps(ends, separators=(",", ":"))
+            entries.append(self._entry(done))
         return entries
+
+    def _delta(self, choice: Choice) -> dict:
+        text = "".join(choice.texts)
+        fields = {"t": "delta", "x": text, "n": choice.tokens}
+        if self.n > 1:
+            fields["i"] = choice.index
+        if choice.logprobs:
+            fields["l"] = json.dumps(choice.logprobs, separators=(",", ":"))
+        self.text_sent = self.text_sent or bool(text)
+        choice.texts, choice.tokens, choice.logprobs = [], 0, None
+        return fields
+
+    def _finish(self, choice: Choice) -> dict:
+        if choice.finish_reason is None:
+            choice.finish_reason = self.usage.finish_reason
+        return choice.finish(self.request.tool_mode, self.request.tool_name)
 
     def _entry(self, fields: dict) -> Entry:
         self.entry_count += 1
@@ -162,8 +197,10 @@ class EventRelay:
         worker: str,
         flush_interval: float,
         flush_events_per_second: float,
+        adapters: AdapterResolver | None = None,
     ) -> None:
         self.engine, self.client, self.worker = engine, client, worker
+        self.adapters = adapters or AdapterResolver()
         self.flush_interval = flush_interval
         self.flush_events_per_second = flush_events_per_second
         self.tokens_total = 0  # completion tokens relayed, for the heartbeat's tokens/s
@@ -209,7 +246,7 @@ class EventRelay:
             tenant_id=request.tenant_id,
             key_id=request.key_id,
             model=request.model,
-            prompt_tokens=len(request.prompt_token_ids),
+            prompt_tokens=request.prompt_tokens,  # then as the engine counts it (``prefilled``)
             queue_ms=max(0, int((time.time() - request.enqueued_at) * 1000)),
             worker=self.worker,
         )
@@ -218,7 +255,14 @@ class EventRelay:
         self.mark(job, urgent=False)  # its start entry
         params = dict(request.params, cache_salt=request.cache_salt) if request.cache_salt else request.params
         try:
-            job.engine_request = self.engine.submit(job.rid, request.prompt_token_ids, params, job)
+            if request.unknown_fields:
+                # A newer gateway's fields (a rolling upgrade): a server error the client may retry.
+                raise RuntimeError(f"this worker's version does not support {', '.join(request.unknown_fields)}")
+            lora = await self.adapters.lora_request(request, self.engine) if request.adapter_id else None
+            images = await asyncio.to_thread(decode_images, request.images) if request.images else None
+            job.engine_request = self.engine.submit(
+                job.rid, request.prompt_token_ids, params, job, lora_request=lora, multi_modal_data=images
+            )
         except Exception as exc:  # refused parameters, an engine not ready: the stream still ends
             log.warning("request %s refused by the engine: %s", job.rid, exc)
             job.end("abort", exc)
@@ -364,6 +408,12 @@ def _queue_writes(pipe, job: RelayedRequest, entries: list[Entry]) -> None:
         elif fields["t"] == "done":
             pipe.expire(key, protocol.REQUEST_TTL)
             pipe.hset(protocol.LEDGER_PENDING, job.rid, fields["u"])  # a second HSET is harmless
+
+
+def _error_fields(error: BaseException) -> dict:
+    if isinstance(error, RequestRejected):  # the engine refused the request's parameters: the client's
+        return {"t": "error", "m": f"the engine refused the request: {error}", "c": "request_rejected"}
+    return {"t": "error", "m": f"engine error: {error}", "c": "engine_error"}
 
 
 def _raise_unless_written(error: redis.ResponseError) -> None:

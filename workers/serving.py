@@ -17,8 +17,10 @@ import redis
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
 from django.conf import settings
 
+from config.env import env_float
 from config.redis_client import REDIS_UNAVAILABLE
 from workers import protocol
+from workers.adapters import held_field
 from workers.celery_app import app
 from workers.engine import EngineHost
 from workers.protocol import RequestInput
@@ -39,15 +41,8 @@ REDIS_SPARE_CONNECTIONS = 8
 REDIS_POOL_WAIT_SECONDS = 20
 
 
-def _env_number(name: str, default: str, high: float) -> float:
-    raw = os.environ.get(name, "").strip() or default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise RuntimeError(f"{name} must be a number, got {raw!r}") from None
-    if not 0 <= value <= high:
-        raise RuntimeError(f"{name} must be within 0..{high:g}, got {raw!r}")
-    return value
+def _env_number(name: str, default: float, high: float) -> float:
+    return env_float(name, default, minimum=0, maximum=high)
 
 
 def _through_outage(call, *, seconds: float, what: str):
@@ -89,7 +84,7 @@ def claim_request(client: redis.Redis, rid: str, worker: str) -> str | None:
 def _flush_interval_seconds() -> float:
     """WORKER_FLUSH_INTERVAL_MS (default 20): the shortest interval between two flushes of the
     relay (a request's first text and its end go out at once; workers/relay.py)."""
-    return _env_number("WORKER_FLUSH_INTERVAL_MS", "20", 1000) / 1000
+    return _env_number("WORKER_FLUSH_INTERVAL_MS", 20, 1000) / 1000
 
 
 def _flush_events_per_second() -> float:
@@ -100,7 +95,7 @@ def _flush_events_per_second() -> float:
     (in flight / budget, never below WORKER_FLUSH_INTERVAL_MS): smooth streams when few run, a few
     tokens per event when many do. Measured on 2 cores at 64 streams: 20 ms fixed 1,325 tok/s, 100 ms
     fixed 3,120."""
-    return _env_number("WORKER_FLUSH_EVENTS_PER_SECOND", "250", 1_000_000)
+    return _env_number("WORKER_FLUSH_EVENTS_PER_SECOND", 250, 1_000_000)
 
 
 def _worker_redis(slots: int) -> redis.Redis:
@@ -208,6 +203,7 @@ class WorkerRuntime:
                 "in_flight": self._in_flight,
                 "slots": self.slots,
                 "tps": self._tokens_per_second(),
+                "adapters": self._held_adapters(),
                 "updated": now,
             },
         )
@@ -216,17 +212,32 @@ class WorkerRuntime:
         pipe.zremrangebyscore(protocol.pool_workers_key(self.pool), "-inf", now - WORKER_RECORD_SECONDS)
         pipe.execute()
 
+    def _held_adapters(self) -> str:
+        """The LoRA adapters the engine holds, for the gateway's dispatch (workers/adapters.py)."""
+        try:
+            return held_field(self.engine.loaded_adapters())
+        except Exception:  # an engine busy past the timeout: advertise none this beat
+            log.warning("worker %s: could not list the engine's adapters", self.name, exc_info=True)
+            return ""
+
+    @property
+    def queues(self) -> list[str]:
+        """The pool's queue and this process's own (requests for an adapter it holds)."""
+        return [protocol.queue_name(self.pool), protocol.worker_queue_name(self.name)]
+
     def _follow_drain_request(self) -> None:
         """Stop (or resume) consuming when the operator asks this pod to drain (or cancels it)."""
         if self.state not in ("ready", "draining"):
             return
         drain = bool(self.redis.sismember(protocol.pool_drain_key(self.pool), self.pod))
         if drain and self._consuming:
-            app.control.cancel_consumer(protocol.queue_name(self.pool), destination=[self.node])
+            for queue in self.queues:
+                app.control.cancel_consumer(queue, destination=[self.node])
             self._consuming, self.state = False, "draining"
             log.info("worker %s: draining (%d in flight)", self.name, self._in_flight)
         elif not drain and not self._consuming:
-            app.control.add_consumer(protocol.queue_name(self.pool), destination=[self.node])
+            for queue in self.queues:
+                app.control.add_consumer(queue, destination=[self.node])
             self._consuming, self.state = True, "ready"
 
     # -- requests ----------------------------------------------------------------------------
@@ -280,6 +291,8 @@ def _start_engine(sender, instance, **kwargs) -> None:
         profile=os.environ.get("ENGINE_PROFILE", "cpu"),
         slots=getattr(instance, "concurrency", 0) or 0,
     )
+    # This process's own queue (requests for an adapter its engine holds), consumed from the start.
+    instance.app.amqp.queues.select_add(protocol.worker_queue_name(_runtime.name))
     try:
         _runtime.start()
     except Exception as exc:

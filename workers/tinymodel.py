@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -34,9 +35,18 @@ TURN_START, TURN_END = "<|turn>", "<turn|>"
 SPECIAL_TOKENS = [PAD, EOS, BOS, UNK, TURN_START, TURN_END, "<|channel>", "<channel|>"]
 
 # Gemma 4's template shape: bos once, each message as ``<|turn>{role}\n{content}<turn|>\n``, the
-# assistant role spelled ``model``, and ``<|turn>model\n`` as the generation prompt.
+# assistant role spelled ``model``, and ``<|turn>model\n`` as the generation prompt. Tools as Gemma
+# 4 places them (declarations in a system turn first, calls in the model's turn, results in a tool
+# turn), with their definitions and arguments as JSON rather than Gemma 4's own argument syntax.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{%- if tools -%}"
+    "{{ '<|turn>system\\n' }}"
+    "{%- for tool in tools -%}"
+    "{{ '<|tool>declaration:' + tool['function']['name'] + (tool['function'] | tojson) + '<tool|>' }}"
+    "{%- endfor -%}"
+    "{{ '<turn|>\\n' }}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
     "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
     "{%- if message['content'] is string -%}"
@@ -45,7 +55,16 @@ CHAT_TEMPLATE = (
     "{%- set content = message['content'] | selectattr('type', 'equalto', 'text')"
     " | map(attribute='text') | join('\\n') -%}"
     "{%- endif -%}"
-    "{{ '<|turn>' + role + '\\n' + content | trim + '<turn|>\\n' }}"
+    "{%- set turn = namespace(text=content | trim) -%}"
+    "{%- if message['tool_calls'] is defined -%}{%- for call in message['tool_calls'] -%}"
+    "{%- set turn.text = turn.text + '<|tool_call>call:' + call['function']['name']"
+    " + (call['function']['arguments'] | tojson) + '<tool_call|>' -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{%- if message['role'] == 'tool' -%}"
+    "{%- set turn.text = '<|tool_response>response:' + (message['name'] | default('')) + turn.text"
+    " + '<tool_response|>' -%}"
+    "{%- endif -%}"
+    "{{ '<|turn>' + role + '\\n' + turn.text + '<turn|>\\n' }}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|turn>model\\n' }}{%- endif -%}"
 )
@@ -109,13 +128,13 @@ def _build_tokenizer():
     return fast
 
 
-def _build_model(tokenizer, seed: int):
-    import torch
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig
+def _text_config(ids: dict[str, int], vocab_size: int = VOCAB_SIZE):
+    """The tiny text model's config (also the text half of the multimodal one); ``ids``: special
+    token -> id."""
+    from transformers import Gemma4TextConfig
 
-    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in SPECIAL_TOKENS}
-    config = Gemma4TextConfig(
-        vocab_size=VOCAB_SIZE,
+    return Gemma4TextConfig(
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=4,
@@ -128,7 +147,7 @@ def _build_model(tokenizer, seed: int):
         # Three sliding layers then one global one, like the real model's pattern (last is global).
         layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
         # Per-layer embeddings, as in the E-series models, kept tiny.
-        vocab_size_per_layer_input=VOCAB_SIZE,
+        vocab_size_per_layer_input=vocab_size,
         hidden_size_per_layer_input=16,
         # Same head dim and KV heads on every layer (the real model uses 512 on global layers).
         per_layer_config={},
@@ -139,6 +158,14 @@ def _build_model(tokenizer, seed: int):
         tie_word_embeddings=True,
         dtype="bfloat16",
     )
+
+
+def _build_model(tokenizer, seed: int):
+    import torch
+    from transformers import Gemma4ForCausalLM, GenerationConfig
+
+    ids = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in SPECIAL_TOKENS}
+    config = _text_config(ids)
     torch.manual_seed(seed)
     model = Gemma4ForCausalLM(config).to(torch.bfloat16)
     model.generation_config = GenerationConfig(
@@ -155,6 +182,17 @@ def is_complete(out_dir: Path) -> bool:
     return (Path(out_dir) / MARKER_NAME).is_file()
 
 
+def _refresh_chat_template(out_dir: Path) -> None:
+    """Bring a finished build's chat template up to CHAT_TEMPLATE (a build made before the template
+    rendered tools), atomically: a process loading the tokenizer meanwhile reads one or the other."""
+    path = out_dir / "chat_template.jinja"
+    if not path.is_file() or path.read_text() == CHAT_TEMPLATE:
+        return
+    staged = path.with_name(f".{path.name}.{os.getpid()}")
+    staged.write_text(CHAT_TEMPLATE)
+    os.replace(staged, path)
+
+
 def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     """Build the tiny model into ``out_dir`` (created if needed) and return ``out_dir``.
 
@@ -163,6 +201,7 @@ def build_tiny_model(out_dir: Path, seed: int = 0) -> Path:
     """
     out_dir = Path(out_dir)
     if is_complete(out_dir):
+        _refresh_chat_template(out_dir)
         return out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = _build_tokenizer()

@@ -84,4 +84,4 @@ HEALTHCHECK --interval=30s --timeout=20s --start-period=900s --retries=3 \
 # SIGTERM starts Celery's warm shutdown: it stops consuming and lets in-flight tasks finish.
 # Give the container a long stop timeout (docker stop -t 600 / terminationGracePeriodSeconds).
 STOPSIGNAL SIGTERM
-CMD ["sh", "-c", "exec celery -A workers.celery_app worker --pool threads --concurrency \"${WORKER_CONCURRENCY:-64}\" -Q \"pool.${WORKER_POOL}\" -n 'worker@%h' --loglevel \"${LOG_LEVEL:-INFO}\""]
+CMD ["sh", "-c", "exec celery -A workers.worker worker --pool threads --concurrency \"${WORKER_CONCURRENCY:-64}\" -Q \"pool.${WORKER_POOL}\" -n 'worker@%h' --loglevel \"${LOG_LEVEL:-INFO}\""]

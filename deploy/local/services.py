@@ -160,7 +160,7 @@ class EmbeddedPostgres(_Server):
         if len(lines) < 8 or lines[7].strip() != "ready" or not pid_alive(int(lines[0])):
             return None
         port = int(lines[3])
-        return _pg_url(port) if _port_open(port) else None
+        return _pg_url(port) if port_open(port) else None
 
     def start(self) -> str:
         bin_dir = _postgres_bin_dir(self.run_as)
@@ -180,7 +180,7 @@ class EmbeddedPostgres(_Server):
                 "--encoding=UTF8",
                 "--no-instructions",
             )
-        port = _free_port(_read_int(pgdata.parent / "port"))
+        port = free_port(_read_int(pgdata.parent / "port"))
         options = f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories=''"
         self._run(
             bin_dir / "pg_ctl",
@@ -248,7 +248,7 @@ class EmbeddedRedis(_Server):
 
     def start(self) -> str:
         self.folder.mkdir(parents=True, exist_ok=True)
-        port = _free_port(_read_int(self.folder / "port"))
+        port = free_port(_read_int(self.folder / "port"))
         (self.folder / "redis.pid").unlink(missing_ok=True)
         config = self.folder / "redis.conf"
         config.write_text(
@@ -367,9 +367,9 @@ def _ensure_system_user(user: str) -> pwd.struct_passwd:
     return pwd.getpwnam(user)
 
 
-def _free_port(preferred: int | None = None) -> int:
+def free_port(preferred: int | None = None) -> int:
     """``preferred`` when nothing listens there (stable URLs across runs), else a free port."""
-    if preferred and not _port_open(preferred):
+    if preferred and not port_open(preferred):
         with contextlib.suppress(OSError), socket.socket() as sock:
             # As the servers themselves do: a port in TIME_WAIT after the last run's stop is free.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -380,7 +380,7 @@ def _free_port(preferred: int | None = None) -> int:
         return sock.getsockname()[1]
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(1.0)
         return sock.connect_ex(("127.0.0.1", port)) == 0

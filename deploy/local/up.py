@@ -25,16 +25,22 @@ import re
 import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.local.launcher import (
+    Child,
+    beat_command,
+    http_status,
+    port_open,
+    stop_all,
+    web_command,
+    worker_command,
+)
 from deploy.local.services import (
     REPO_ROOT,
     EmbeddedPostgres,
@@ -59,8 +65,6 @@ CONTEXT_LENGTH = 2048
 ADMIN_USER = "admin"
 DEMO_TENANT = "demo"
 STOP_TIMEOUT_S = 20.0
-# A log line that says something failed (Python logging levels, exceptions' last lines).
-_ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL)\b|^\w+(\.\w+)*(Error|Exception): ")
 PROGRESS_EVERY_S = 10.0
 
 
@@ -70,53 +74,6 @@ class Shutdown(BaseException):
 
 class StartError(Exception):
     """A step failed; the message says which and where to look."""
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    log_path: Path
-    process: subprocess.Popen | None = None
-    log_offset: int = 0  # where this run's output starts in the (appended) log
-
-    def start(self, env: dict[str, str]) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it; closed when we exit
-        self.log_offset = log.tell()
-        log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(self.argv)}\n".encode())
-        log.flush()
-        # Its own session: a Ctrl-C in the terminal reaches only us, and we stop the children in
-        # order; the group also holds the processes a child spawns (vLLM's engine core), which
-        # are killed with it if they outlive it.
-        self.process = subprocess.Popen(
-            self.argv,
-            cwd=REPO_ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log.close()
-
-    def exited(self) -> int | None:
-        return None if self.process is None else self.process.poll()
-
-    def errors(self) -> list[str]:
-        """The lines of this run's log that report an error (shown while waiting for readiness)."""
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(self.log_offset)
-                text = log.read().decode(errors="replace")
-        except OSError:
-            return []
-        return [line.strip() for line in text.splitlines() if _ERROR_LINE.search(line)]
-
-    def log_tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
 
 
 @dataclass
@@ -133,21 +90,13 @@ class Stack:
 
     def stop(self, hurry: Callable[[], bool]) -> None:
         """Stop the children (web first, the engine last), then the embedded servers we started."""
-        started = [child for child in self.children if child.process is not None]
-        for child in started:
-            if child.exited() is None:
+        for child in self.children:
+            if child.process is not None and child.poll() is None:
                 print(f"stopping {child.name}...", flush=True)
-                _signal_group(child, signal.SIGTERM, leader_only=True)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for child in started:
-            assert child.process is not None
-            while child.exited() is None and time.monotonic() < deadline and not hurry():
-                time.sleep(0.1)
-            if child.exited() is None:
-                print(f"{child.name} did not stop in time: killing it", flush=True)
-            # Also whatever it left behind in its group (engine core processes).
-            _signal_group(child, signal.SIGKILL)
-            child.process.wait()
+        # SIGTERM to each child alone: gunicorn and Celery stop their own processes in order (a
+        # worker lets its engine finish the requests in flight); their groups are killed after.
+        for child in stop_all(self.children, timeout=STOP_TIMEOUT_S, group=False, hurry=hurry):
+            print(f"{child.name} did not stop in time: killed", flush=True)
         if self.owns_run_file:
             RUN_FILE.unlink(missing_ok=True)
         if self.services is not None and self.services.started:
@@ -225,7 +174,7 @@ def _start(stack: Stack) -> None:
     connections.close_all()
 
     _step(f"web on {stack.base}, Celery worker (vLLM, CPU) and beat")
-    if _port_in_use(port):
+    if port_open(port):
         raise StartError(f"port {port} is already in use: set PORT to a free port (PORT=8001 make up)")
     stack.children = _children(stack.env)
     for child in stack.children:
@@ -241,7 +190,7 @@ def _serve(stack: Stack) -> None:
     """Run until a signal (raises Shutdown) or until a child dies."""
     while True:
         for child in stack.children:
-            code = child.exited()
+            code = child.poll()
             if code is not None:
                 raise StartError(
                     f"{child.name} exited with code {code}; last lines of {_rel(child.log_path)}:\n{child.log_tail()}"
@@ -258,9 +207,6 @@ def _port() -> int:
 
 def _child_env(services: LocalServices, port: int) -> dict[str, str]:
     """The environment of the children: local-development defaults under whatever the user set."""
-    pythonpath = [str(REPO_ROOT / "platform"), str(REPO_ROOT)]
-    if os.environ.get("PYTHONPATH"):
-        pythonpath.append(os.environ["PYTHONPATH"])
     defaults = {
         "SECRET_KEY": _secret_file("secret-key", None, nbytes=48),
         "DJANGO_DEBUG": "0",
@@ -279,51 +225,20 @@ def _child_env(services: LocalServices, port: int) -> dict[str, str]:
     }
     env = {**defaults, **os.environ, **services}
     env["PORT"] = str(port)
-    env["PYTHONPATH"] = os.pathsep.join(pythonpath)
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
     return env
 
 
 def _children(env: dict[str, str]) -> list[Child]:
-    python = sys.executable
     queues = f"pool.{env['WORKER_POOL']},control"
-    celery = [python, "-m", "celery", "-A", "workers.celery_app"]
     return [
-        Child(
-            "web",
-            [python, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"],
-            LOG_DIR / "web.log",
-        ),
-        Child(
-            "beat",
-            [*celery, "beat", "--loglevel", "INFO", "--schedule", str(STATE_DIR / "celerybeat-schedule")],
-            LOG_DIR / "beat.log",
-        ),
-        Child(
-            "worker",
-            [
-                *celery,
-                "worker",
-                "--pool",
-                "threads",
-                "--concurrency",
-                "64",
-                "-Q",
-                queues,
-                "-n",
-                "worker@%h",
-                "--loglevel",
-                "INFO",
-            ],
-            LOG_DIR / "worker.log",
-        ),
+        Child("web", web_command(), LOG_DIR / "web.log"),
+        Child("beat", beat_command(STATE_DIR / "celerybeat-schedule"), LOG_DIR / "beat.log"),
+        Child("worker", worker_command("worker", queues, concurrency=64), LOG_DIR / "worker.log"),
     ]
 
 
 def _django_setup() -> None:
-    for path in (str(REPO_ROOT), str(REPO_ROOT / "platform")):
-        if path not in sys.path:
-            sys.path.insert(0, path)
     try:
         import django
 
@@ -373,7 +288,7 @@ def _ensure_demo_key(stack: Stack) -> str:
     key_file = STATE_DIR / "demo-key"
     if key_file.exists():
         key = key_file.read_text().strip()
-        status = _http_status(stack.base + "/v1/models", key)
+        status = http_status(stack.base + "/v1/models", {"Authorization": f"Bearer {key}"})
         if status == 200:
             print(f"  demo key: reusing {_rel(key_file)}")
             return key
@@ -394,7 +309,7 @@ def _wait_for(stack: Stack, path: str, what: str, timeout: float) -> None:
     last_report = started
     reported: set[str] = set()
     print(f"  waiting for {what}...", flush=True)
-    while _http_status(stack.base + path) != 200:
+    while http_status(stack.base + path) != 200:
         _check_children(stack, what)
         elapsed = time.monotonic() - started
         if elapsed > timeout:
@@ -421,7 +336,7 @@ def _wait_for(stack: Stack, path: str, what: str, timeout: float) -> None:
 
 def _check_children(stack: Stack, what: str) -> None:
     for child in stack.children:
-        code = child.exited()
+        code = child.poll()
         if code is not None:
             raise StartError(
                 f"{child.name} exited with code {code} while waiting for {what}; "
@@ -435,18 +350,6 @@ def _ready_timeout() -> float:
         return float(raw)
     except ValueError:
         raise StartError(f"UP_READY_TIMEOUT must be a number of seconds, got {raw!r}") from None
-
-
-def _http_status(url: str, key: str | None = None) -> int | None:
-    """The HTTP status of a GET on our own server (``url`` is always http://127.0.0.1...), None if down."""
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})  # noqa: S310
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except (OSError, ValueError):
-        return None
 
 
 def _banner(stack: Stack, key: str, admin_password: str) -> None:
@@ -559,21 +462,6 @@ def _cmdline(pid: int) -> str:
 
 
 # --- small helpers -----------------------------------------------------------------------------
-
-
-def _signal_group(child: Child, signum: int, leader_only: bool = False) -> None:
-    assert child.process is not None
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        if leader_only:
-            child.process.send_signal(signum)
-        else:
-            os.killpg(child.process.pid, signum)
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _step(text: str) -> None:

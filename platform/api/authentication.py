@@ -1,20 +1,18 @@
 """Who calls the management API: a platform operator (staff user: session or staff token) or a
 tenant's admin API key (an ApiKey flagged is_admin), which acts for its own tenant only."""
 
-import secrets
-import string
 from dataclasses import dataclass
 
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from api.models import StaffToken
-from tenants.keys import digests_match, key_digest
+from config.bearer import bearer_token
+from tenants.keys import digests_match, key_generate, key_prefix
 from tenants.models import ApiKey, Tenant
 from tenants.services import AuthenticationFailed, apikey_authenticate
 
 STAFF_SCHEME = "gps"
-_ALPHABET = string.ascii_letters + string.digits
 
 
 @dataclass
@@ -33,24 +31,21 @@ class TenantAdmin:
 
 
 def staff_token_create(*, user, name: str = "") -> tuple[StaffToken, str]:
-    prefix = "".join(secrets.choice(_ALPHABET) for _ in range(12))
-    plaintext = f"{STAFF_SCHEME}_{prefix}_{''.join(secrets.choice(_ALPHABET) for _ in range(40))}"
-    token = StaffToken.objects.create(user=user, name=name, prefix=prefix, digest=key_digest(plaintext))
-    return token, plaintext
-
-
-def _bearer(request) -> str | None:
-    scheme, _, token = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    new = key_generate(scheme=STAFF_SCHEME)
+    token = StaffToken.objects.create(user=user, name=name, prefix=new.prefix, digest=new.digest)
+    return token, new.plaintext
 
 
 class StaffTokenAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
-        token = _bearer(request)
+        token = bearer_token(request)
         if token is None or not token.startswith(f"{STAFF_SCHEME}_"):
             return None
-        parts = token.split("_")
-        row = StaffToken.objects.select_related("user").filter(prefix=parts[1] if len(parts) == 3 else "").first()
+        row = (
+            StaffToken.objects.select_related("user")
+            .filter(prefix=key_prefix(token, scheme=STAFF_SCHEME) or "")
+            .first()
+        )
         if row is None or not digests_match(row.digest, token) or row.revoked_at is not None:
             raise exceptions.AuthenticationFailed("Invalid staff token.")
         if not (row.user.is_active and row.user.is_staff):
@@ -64,7 +59,7 @@ class StaffTokenAuthentication(authentication.BaseAuthentication):
 
 class TenantAdminKeyAuthentication(authentication.BaseAuthentication):
     def authenticate(self, request):
-        token = _bearer(request)
+        token = bearer_token(request)
         if token is None or token.startswith(f"{STAFF_SCHEME}_"):
             return None
         try:

@@ -1,6 +1,6 @@
 """Two kinds of caller: operators (active staff) see everything; a tenant admin sees its own tenant."""
 
-from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.permissions import BasePermission
 
 from api.authentication import TenantAdmin
 from tenants.models import Tenant
@@ -28,14 +28,3 @@ class OperatorOrTenantAdmin(BasePermission):
 
     def has_permission(self, request, view):
         return is_operator(request.user) or is_tenant_admin(request.user)
-
-
-class OperatorWrites(BasePermission):
-    """Reads for both kinds of caller; writes for operators only."""
-
-    message = "Only platform operators may change this."
-
-    def has_permission(self, request, view):
-        if request.method in SAFE_METHODS:
-            return is_operator(request.user) or is_tenant_admin(request.user)
-        return is_operator(request.user)

@@ -33,8 +33,10 @@ def _limit_field():
     )  # the five limits share one column type (quotas.models.LimitFields)
 
 
-def _plan_integer(name: str, *, min_value: int = 0):
-    return serializers.IntegerField(min_value=min_value, max_value=column_max(Plan, name), required=False)
+def _plan_integer(name: str, *, min_value: int = 0, allow_null: bool = False):
+    return serializers.IntegerField(
+        min_value=min_value, max_value=column_max(Plan, name), required=False, allow_null=allow_null
+    )
 
 
 class LimitsInput(StrictInput):
@@ -56,7 +58,8 @@ class LimitsOutput(serializers.Serializer):
 # -- plans ---------------------------------------------------------------------------------------
 PLAN_FIELDS = ["name", "display_name", *LimitFields.LIMITS, "allowed_models", "price_input_per_1m_micros",
                "price_output_per_1m_micros", "reserved_throughput_fee_micros", "guaranteed_tokens_per_second",
-               "fair_share_weight"]  # fmt: skip
+               "fair_share_weight", "price_adapter_input_per_1m_micros", "price_adapter_output_per_1m_micros",
+               "max_adapters"]  # fmt: skip
 
 
 class PlanOutput(serializers.ModelSerializer):
@@ -74,6 +77,9 @@ class PlanInput(LimitsInput):
     reserved_throughput_fee_micros = _plan_integer("reserved_throughput_fee_micros")
     guaranteed_tokens_per_second = _plan_integer("guaranteed_tokens_per_second")
     fair_share_weight = _plan_integer("fair_share_weight", min_value=1)
+    price_adapter_input_per_1m_micros = _plan_integer("price_adapter_input_per_1m_micros", allow_null=True)
+    price_adapter_output_per_1m_micros = _plan_integer("price_adapter_output_per_1m_micros", allow_null=True)
+    max_adapters = _plan_integer("max_adapters", allow_null=True)
 
 
 # -- tenants -------------------------------------------------------------------------------------
@@ -160,18 +166,6 @@ class UsageQuery(StrictInput):
         if "start" in attrs and "end" in attrs and attrs["start"] >= attrs["end"]:
             raise serializers.ValidationError({"end": ["end must be after start."]})
         return attrs
-
-
-class UsageBucketOutput(serializers.Serializer):
-    bucket_start = serializers.DateTimeField(allow_null=True)
-    model = serializers.CharField(required=False)
-    key = serializers.CharField(required=False)
-    requests = serializers.IntegerField()
-    failed_requests = serializers.IntegerField()
-    prompt_tokens = serializers.IntegerField()
-    completion_tokens = serializers.IntegerField()
-    delivered_tokens_per_second = serializers.FloatField()
-    decode_tokens_per_second = serializers.FloatField(allow_null=True)
 
 
 # -- invoices ------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ import io
 import logging
 
 from django.db import transaction
-from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine, UsageRollup
@@ -76,13 +75,28 @@ def _plan_of(tenant: Tenant) -> Plan | None:
     return quota.plan if quota else None
 
 
+def _prices(plan: Plan | None, model: str) -> tuple[int, int]:
+    """(input, output) price per 1M tokens of `model` under `plan`. A tenant's adapter ("<base>:<name>")
+    has the plan's adapter prices where it sets them, else the base prices."""
+    if plan is None:
+        return 0, 0
+    price_in, price_out = plan.price_input_per_1m_micros, plan.price_output_per_1m_micros
+    if ":" in model:
+        price_in = _first_set(plan.price_adapter_input_per_1m_micros, price_in)
+        price_out = _first_set(plan.price_adapter_output_per_1m_micros, price_out)
+    return price_in, price_out
+
+
+def _first_set(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def _invoice_lines(tenant: Tenant, period: Period, plan: Plan | None) -> list[InvoiceLine]:
-    price_in = plan.price_input_per_1m_micros if plan else 0
-    price_out = plan.price_output_per_1m_micros if plan else 0
     lines = []
     per_model = ledger_aggregates(ledger_rows(start=period.start, end=period.end, tenant=tenant).order_by(), "model")
     for group in sorted(per_model, key=lambda g: g["model"]):
         model = group["model"]
+        price_in, price_out = _prices(plan, model)
         for kind, tokens, price, what in (
             (InvoiceLine.Kind.INPUT_TOKENS, group["prompt_tokens"], price_in, "input"),
             (InvoiceLine.Kind.OUTPUT_TOKENS, group["completion_tokens"], price_out, "output"),
@@ -166,25 +180,6 @@ def invoices_close_period(*, period: Period) -> int:
     return closed
 
 
-def invoice_as_dict(invoice: Invoice) -> dict:
-    return {
-        "number": invoice.number,
-        "tenant": invoice.tenant.name,
-        "period_start": invoice.period_start.isoformat(),
-        "period_end": invoice.period_end.isoformat(),
-        "status": invoice.status,
-        "currency": invoice.currency,
-        "plan": invoice.plan_name,
-        "total_micros": invoice.total_micros,
-        "closed_at": invoice.closed_at.isoformat() if invoice.closed_at else None,
-        "lines": [
-            {"kind": line.kind, "model": line.model, "description": line.description, "quantity": line.quantity,
-             "unit_price_micros": line.unit_price_micros, "amount_micros": line.amount_micros}
-            for line in invoice.lines.all()
-        ],
-    }  # fmt: skip
-
-
 CSV_COLUMNS = ["invoice", "tenant", "period_start", "period_end", "status", "currency", "kind", "model",
                "description", "quantity", "unit_price_micros", "amount_micros"]  # fmt: skip
 
@@ -201,9 +196,3 @@ def invoice_as_csv(invoice: Invoice) -> str:
                                 line.amount_micros])  # fmt: skip
     writer.writerow(head + ["total", "", "Total", "", "", invoice.total_micros])
     return out.getvalue()
-
-
-def ledger_token_totals(*, tenant: Tenant, period: Period) -> dict:
-    return ledger_rows(start=period.start, end=period.end, tenant=tenant).aggregate(
-        prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens")
-    )

@@ -1,5 +1,7 @@
 """The models the platform serves, and which worker pool serves each."""
 
+import copy
+
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
@@ -16,9 +18,14 @@ class ServedModel(models.Model):
     )
     context_length = models.PositiveIntegerField(validators=[MinValueValidator(16)])
     is_enabled = models.BooleanField(default=True)
+    # Takes `image_url` content parts in chat messages (a multimodal model such as gemma-4-E4B-it).
+    accepts_images = models.BooleanField(default=False)
     # Requests wait this long for a worker to come up (scale from zero) before a 503.
     cold_start_wait_seconds = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    # Set on the copy `with_adapter` makes: the tenant's LoRA adapter this request runs with.
+    adapter = None
 
     class Meta:
         ordering = ["model_id"]
@@ -29,3 +36,10 @@ class ServedModel(models.Model):
     @property
     def queue(self) -> str:
         return f"pool.{self.pool}"
+
+    def with_adapter(self, adapter) -> "ServedModel":
+        """This model as served with `adapter` (adapters.models.Adapter): same pool, engine and
+        context, the adapter's model id. A copy for one request, never saved."""
+        served = copy.copy(self)
+        served.model_id, served.created_at, served.adapter = adapter.model_id, adapter.created_at, adapter
+        return served

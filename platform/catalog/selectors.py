@@ -3,11 +3,17 @@
 The enabled models are cached per process for CACHE_SECONDS: the lookup runs on every inference
 request, and the catalog changes rarely. A model id missing from the cache is looked up again, so a
 newly registered model is served at once; a disabled one stops within CACHE_SECONDS.
+
+A tenant's LoRA adapters are served as `<base>:<adapter name>` to that tenant only, under the same
+rule as their base model; they are read from PostgreSQL on each request (not cached), so a deleted
+adapter is a 404 at once; while PostgreSQL is down they are left out of the list and a request for
+one is a 503.
 """
 
 import threading
 import time
 
+from adapters.selectors import adapter_get, adapters_for
 from catalog.models import ServedModel
 from config.database import read_with_fallback
 from gateway.errors import NotFound
@@ -55,15 +61,45 @@ def model_access_allowed(*, principal: KeyPrincipal, limits: Limits, model_id: s
 
 
 def served_models_for(*, principal: KeyPrincipal, limits: Limits) -> list[ServedModel]:
-    return [
+    """The models the caller may use, each followed by the caller's tenant's adapters on it."""
+    bases = [
         model
         for model_id, model in sorted(_enabled_models().items())
         if model_access_allowed(principal=principal, limits=limits, model_id=model_id)
     ]
+    by_base: dict[str, list] = {}
+    # While PostgreSQL is down the list goes on without the adapters (the base models are cached).
+    adapters = read_with_fallback(
+        lambda: adapters_for(tenant_id=principal.tenant_id, base_models=[m.model_id for m in bases]),
+        list, what="the tenant's adapters",
+    )  # fmt: skip
+    for adapter in adapters:
+        by_base.setdefault(adapter.base_model, []).append(adapter)
+    return [
+        served
+        for base in bases
+        for served in (base, *(base.with_adapter(adapter) for adapter in by_base.get(base.model_id, [])))
+    ]
+
+
+def _adapter_model(principal: KeyPrincipal, limits: Limits, model_id: str) -> ServedModel | None:
+    """`<base>:<name>`: the caller's tenant's adapter `name` on a base model it may use, or None.
+    An adapter is usable wherever its base model is (`model_access_allowed` on the base's id)."""
+    base_id, _, name = model_id.rpartition(":")
+    base = (_enabled_models().get(base_id) or _enabled_models(refresh=True).get(base_id)) if base_id else None
+    if base is None or not model_access_allowed(principal=principal, limits=limits, model_id=base_id):
+        return None
+    adapter = adapter_get(tenant_id=principal.tenant_id, base_model=base_id, name=name)
+    return base.with_adapter(adapter) if adapter is not None else None
 
 
 def served_model_get(*, principal: KeyPrincipal, limits: Limits, model_id: str) -> ServedModel:
-    model = _enabled_models().get(model_id) or _enabled_models(refresh=True).get(model_id)
+    model = _enabled_models().get(model_id)
+    if model is None and ":" in model_id:
+        adapted = _adapter_model(principal, limits, model_id)
+        if adapted is not None:
+            return adapted
+    model = model or _enabled_models(refresh=True).get(model_id)
     # A model the caller may not use looks exactly like one that does not exist.
     if model is None or not model_access_allowed(principal=principal, limits=limits, model_id=model_id):
         raise NotFound(

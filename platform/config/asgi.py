@@ -1,12 +1,8 @@
 """ASGI entry point: what gunicorn's uvicorn workers serve (`config.asgi:application`, named in
-deploy/gunicorn.conf.py), with `platform/` on sys.path."""
+deploy/gunicorn.conf.py)."""
 
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 import django  # noqa: E402
@@ -44,5 +40,7 @@ from django.conf import settings  # noqa: E402
 from config.middleware import RequestBodyLimit  # noqa: E402
 
 application = RequestBodyLimit(
-    PlatformASGIHandler(), limit=settings.MAX_REQUEST_BYTES, drain_limit=8 * settings.MAX_REQUEST_BYTES
+    PlatformASGIHandler(), limit=settings.MAX_REQUEST_BYTES, drain_limit=8 * settings.MAX_REQUEST_BYTES,
+    # An adapter upload (multipart: files go to disk, not memory) may be as large as ADAPTER_MAX_BYTES.
+    larger=((r"^/api/v1/tenants/[^/]+/adapters/$", settings.ADAPTER_MAX_BYTES + 65536),),
 )

@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
 
-class ConfigError(Exception):
+class ConfigError(ValueError):
     """A configuration variable is missing or malformed."""
 
 
@@ -48,14 +48,19 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return number
 
 
-def env_float(name: str, default: float) -> float:
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
     value = _raw(name)
     if value is None or value == "":
         return default
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    low = float("-inf") if minimum is None else minimum
+    high = float("inf") if maximum is None else maximum
+    if not low <= number <= high:
+        raise ConfigError(f"{name} must be within {low:g}..{high:g}, got {value!r}")
+    return number
 
 
 def env_bool(name: str, default: bool) -> bool:

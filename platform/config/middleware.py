@@ -10,6 +10,7 @@ over-size body before Django reads it.
 """
 
 import json
+import re
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from whitenoise.middleware import WhiteNoiseMiddleware
@@ -80,28 +81,36 @@ class RequestBodyLimit:
     bytes, so that closing the connection does not reset it under the client while it still sends:
     the client reads the 413 rather than a broken pipe. A chunked body is counted as it arrives and
     cut off (Django sees a disconnect) once over the limit. Either way the connection is closed after
-    the 413: what is left of the body is never parsed as the next request."""
+    the 413: what is left of the body is never parsed as the next request.
 
-    def __init__(self, app, *, limit: int, drain_limit: int):
+    `larger` gives paths (regular expressions) a limit of their own (adapter uploads); the drain limit
+    stays the default's."""
+
+    def __init__(self, app, *, limit: int, drain_limit: int, larger: tuple[tuple[str, int], ...] = ()):
         self.app, self.limit, self.drain_limit = app, limit, drain_limit
+        self.larger = [(re.compile(pattern), most) for pattern, most in larger]
+
+    def _limit_for(self, path: str) -> int:
+        return next((most for pattern, most in self.larger if pattern.match(path)), self.limit)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self._limit_for(scope["path"])
         declared = _declared_length(scope)
-        if declared is not None and declared > self.limit:
+        if declared is not None and declared > limit:
             if declared <= self.drain_limit and not _expects_continue(scope):
                 await _drain(receive, self.drain_limit)
-            return await self._too_large(scope, send)
-        counted = _CountedBody(receive, self.limit, self.drain_limit)
+            return await self._too_large(scope, send, limit)
+        counted = _CountedBody(receive, limit, self.drain_limit)
         await self.app(scope, counted, send)
         if counted.exceeded:
-            await self._too_large(scope, send)
+            await self._too_large(scope, send, limit)
 
-    async def _too_large(self, scope, send) -> None:
+    async def _too_large(self, scope, send, limit: int) -> None:
         from config.error_views import api_error_body, is_api_path
 
-        message = f"The request body exceeds {self.limit} bytes."
+        message = f"The request body exceeds {limit} bytes."
         path = scope["path"]
         if is_api_path(path):
             body = json.dumps(api_error_body(path, 413, message, "payload_too_large")).encode()

@@ -55,6 +55,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "tenants",
     "catalog",
+    "adapters",
     "ledger",
     "gateway",
     "quotas",
@@ -132,6 +133,14 @@ WHITENOISE_USE_FINDERS = DEBUG
 MAX_REQUEST_BYTES = env_int("MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
+# Images in chat messages (gateway/images.py, docs/api.md). A data URL also counts in MAX_REQUEST_BYTES.
+IMAGE_MAX_BYTES = env_int("IMAGE_MAX_BYTES", 5_242_880, minimum=1024)
+IMAGE_MAX_PER_REQUEST = env_int("IMAGE_MAX_PER_REQUEST", 4, minimum=0)
+IMAGE_MAX_PIXELS = env_int("IMAGE_MAX_PIXELS", 16_777_216, minimum=1)
+# Hosts (`name` or `name:port`) whose http(s) image URLs the gateway fetches; none by default.
+IMAGE_URL_ALLOWED_HOSTS = [host.lower() for host in env_list("IMAGE_URL_ALLOWED_HOSTS", [])]
+IMAGE_FETCH_TIMEOUT_SECONDS = env_float("IMAGE_FETCH_TIMEOUT_SECONDS", 5.0)
+
 # Gateway and dispatch tuning (see docs/architecture.md, "The request path").
 AUTH_CACHE_SECONDS = env_int("AUTH_CACHE_SECONDS", 30, minimum=0)
 # A worker whose heartbeat is older than this is considered dead.
@@ -156,6 +165,14 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 FAIR_SHARE = env_bool("FAIR_SHARE", True)
 FAIR_SHARE_SLOTS_PER_WORKER = env_int("FAIR_SHARE_SLOTS_PER_WORKER", 64, minimum=1)
 FAIR_SHARE_POLL_SECONDS = env_float("FAIR_SHARE_POLL_SECONDS", 0.05)
+
+# Tenants' LoRA adapters (docs/api.md, "Adapters"): where their files are stored (a directory every
+# web and worker process can read; content-addressed), the largest upload, the largest rank (at most
+# the workers' engine max_lora_rank, workers/profiles.py) and the adapters a tenant may keep when its
+# plan sets no limit.
+ADAPTER_STORE_DIR = Path(env_str("ADAPTER_STORE_DIR", str(REPO_DIR / ".run" / "adapters")))
+ADAPTER_MAX_BYTES = env_int("ADAPTER_MAX_BYTES", 64 * 1024 * 1024, minimum=1024)
+ADAPTER_MAX_RANK = env_int("ADAPTER_MAX_RANK", 16, minimum=1)
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None

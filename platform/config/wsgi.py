@@ -1,11 +1,7 @@
-"""WSGI entry point for gunicorn: `gunicorn config.wsgi:application` with `platform/` on sys.path."""
+"""WSGI entry point (Django's WSGI_APPLICATION); the servers run the ASGI one (config/asgi.py)."""
 
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 from django.core.wsgi import get_wsgi_application  # noqa: E402

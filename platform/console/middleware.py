@@ -12,6 +12,7 @@ import json
 import logging
 import time
 
+from config.bearer import bearer_token
 from config.database import DatabaseUnavailable
 from config.middleware import SyncAndAsyncMiddleware
 from console.services import throttle_record
@@ -47,9 +48,8 @@ class ThrottleEventMiddleware(SyncAndAsyncMiddleware):
             log.warning("could not record a throttling event", exc_info=True)
 
     def _record(self, request, response) -> None:
-        scheme, _, token = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or key_prefix(token) is None:
+        token = bearer_token(request)
+        if token is None or key_prefix(token) is None:
             return
         try:
             principal = apikey_authenticate(plaintext=token)

@@ -16,6 +16,7 @@ the same node name does not keep its previous process's requests alive.
 """
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -42,11 +43,15 @@ OUTAGE_RETRY_SECONDS = 0.5
 class Delta:
     text: str
     tokens: int
+    index: int = 0  # the choice (n > 1)
+    logprobs: list | None = None  # [[token, logprob, [[token, logprob], ...]], ...] when asked for
 
 
 @dataclass
 class Done:
     usage: Usage
+    # Per choice {"finish_reason", "tool_calls"?} when n > 1 or tool calls were parsed; else None.
+    choices: list[dict] | None = None
 
 
 @dataclass
@@ -135,6 +140,7 @@ def await_worker(model: ServedModel) -> list[str]:
 
 
 def enqueue(request: RequestInput, model: ServedModel) -> None:
+    request.routed_to = _adapter_holder(request, model.pool) or ""
     pipe = get_redis().pipeline(transaction=True)
     pipe.set(protocol.input_key(request.request_id), request.dumps(), ex=protocol.REQUEST_TTL)
     pipe.set(protocol.reader_key(request.request_id), 1, ex=int(protocol.READER_LEASE_SECONDS))
@@ -142,10 +148,29 @@ def enqueue(request: RequestInput, model: ServedModel) -> None:
     celery_app.send_task(
         "workers.generate",
         args=[request.request_id],
-        queue=model.queue,
+        queue=protocol.worker_queue_name(request.routed_to) if request.routed_to else model.queue,
         task_id=request.request_id,
         expires=settings.QUEUE_TIMEOUT_SECONDS,
     )
+
+
+def _adapter_holder(request: RequestInput, pool: str) -> str | None:
+    """For a request with an adapter: a ready worker of the pool that holds it and has a free slot
+    (the fewest requests in flight first), to send it to that worker's own queue so no other engine
+    loads it again; None (the pool's queue) when there is none. From heartbeats, so up to a
+    heartbeat late."""
+    if not request.adapter_id:
+        return None
+    adapter = str(request.adapter_id)
+    fresh = protocol.fresh_workers(get_redis(), pool, since=_heartbeat_cutoff())
+    holders = [
+        (int(info.get("in_flight") or 0), name)
+        for name, info in fresh.items()
+        if info.get("state") == "ready"
+        and adapter in (info.get("adapters") or "").split(",")
+        and int(info.get("in_flight") or 0) < int(info.get("slots") or 0)
+    ]
+    return min(holders)[1] if holders else None
 
 
 async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delta | Done | Failed | Idle]:
@@ -173,11 +198,12 @@ async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delt
                 if kind == "delta":
                     tokens = int(fields["n"])
                     progress.seen_tokens += tokens
-                    yield Delta(fields["x"], tokens)
+                    logprobs = json.loads(fields["l"]) if "l" in fields else None
+                    yield Delta(fields["x"], tokens, int(fields.get("i", 0)), logprobs)
                 elif kind == "start":
                     progress.worker = fields["w"]
                 elif kind == "done":
-                    yield Done(Usage.loads(fields["u"]))
+                    yield Done(Usage.loads(fields["u"]), json.loads(fields["c"]) if "c" in fields else None)
                     return
                 elif kind == "error":
                     # The worker also writes a done event with the usage; wait for it (bounded).
@@ -267,7 +293,7 @@ async def _check_stalled(request: RequestInput, model: ServedModel, progress: _P
 async def _check_unstarted(request: RequestInput, model: ServedModel, progress: _Progress) -> Failed | None:
     """A request with no start entry yet: still queued, or claimed by a worker that has to start it."""
     now = time.monotonic()
-    if now >= progress.queue_deadline or not await _ready_workers_async(model.pool):
+    if now >= progress.queue_deadline or not await _ready_workers_async(model.pool) or await _routed_to_lost(request):
         if await _take_back(request):
             return Failed("No worker took the request in time; try again later.", "no_worker_available")
     claimer, queued = await _claim_state(request.request_id)
@@ -286,6 +312,11 @@ async def _check_unstarted(request: RequestInput, model: ServedModel, progress: 
         message = "The worker that took this request did not start it in time."
         return await _lost(request, message, worker=claimer or "", started=False)
     return None
+
+
+async def _routed_to_lost(request: RequestInput) -> bool:
+    """The request waits in the own queue of a worker that is gone (only that worker consumes it)."""
+    return bool(request.routed_to) and not await _worker_alive_async(request.routed_to)
 
 
 async def _claim_state(request_id: str) -> tuple[str | None, bool]:
@@ -333,7 +364,7 @@ def _usage_for(request: RequestInput, completion_tokens: int, *, status: str, wo
         key_id=request.key_id,
         model=request.model,
         # A request no worker started was never prefilled: nothing to bill.
-        prompt_tokens=len(request.prompt_token_ids) if started else 0,
+        prompt_tokens=request.prompt_tokens if started else 0,
         completion_tokens=completion_tokens,
         total_ms=max(0, int((now - request.enqueued_at) * 1000)),
         finish_reason="abort",

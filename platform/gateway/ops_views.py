@@ -7,6 +7,7 @@ from django.db import connection
 from django.http import HttpResponse, JsonResponse
 
 from catalog.models import ServedModel
+from config.bearer import bearer_token
 from gateway.errors import NotFound, OpenAIError, PermissionDenied, Unauthorized
 from gateway.pools import pool_demand, pool_drain, pool_workers
 from gateway.views import openai_endpoint
@@ -37,8 +38,8 @@ def readyz(request):
 def _require_token(request, expected: str, what: str) -> None:
     if not expected:
         raise PermissionDenied(f"{what} is disabled: set its token in the server's configuration.")
-    scheme, _, token = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+    token = bearer_token(request) or ""
+    if not hmac.compare_digest(token.encode(), expected.encode()):
         raise Unauthorized(f"A valid bearer token is required for {what}.", code="invalid_token")
 
 

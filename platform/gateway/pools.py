@@ -36,27 +36,18 @@ class PoolDemand:
 
 def pool_workers(pool: str) -> list[WorkerInfo]:
     """Workers that heartbeat within the timeout (dead ones are left out)."""
-    redis = get_redis()
-    now = time.time()
-    scored = redis.zrangebyscore(
-        protocol.pool_workers_key(pool), now - settings.WORKER_HEARTBEAT_TIMEOUT, "+inf", withscores=True
-    )
-    pipe = redis.pipeline(transaction=False)
-    for name, _ in scored:
-        pipe.hgetall(protocol.worker_key(name))
-    workers = []
-    for (name, seen), info in zip(scored, pipe.execute(), strict=True):
-        workers.append(
-            WorkerInfo(
-                name=name,
-                pod=info.get("pod", ""),
-                state=info.get("state", "starting"),
-                in_flight=int(info.get("in_flight", 0)),
-                tokens_per_second=float(info.get("tps", 0.0)),
-                last_seen=seen,
-            )
+    fresh = protocol.fresh_workers(get_redis(), pool, since=time.time() - settings.WORKER_HEARTBEAT_TIMEOUT)
+    return [
+        WorkerInfo(
+            name=name,
+            pod=info.get("pod", ""),
+            state=info.get("state", "starting"),
+            in_flight=int(info.get("in_flight", 0)),
+            tokens_per_second=float(info.get("tps", 0.0)),
+            last_seen=info["seen"],
         )
-    return workers
+        for name, info in fresh.items()
+    ]
 
 
 def _oldest_queued_wait(queue: str) -> float | None:
@@ -79,9 +70,11 @@ def pool_demand(pool: str) -> PoolDemand:
     redis = get_redis()
     queue = protocol.queue_name(pool)
     workers = pool_workers(pool)
+    # Requests sent to one worker's own queue (it holds their adapter) are the pool's demand too.
+    own_queues = [protocol.worker_queue_name(w.name) for w in workers]
     return PoolDemand(
         pool=pool,
-        queue_depth=redis.llen(queue),
+        queue_depth=sum(redis.llen(q) for q in (queue, *own_queues)),
         waiting=max(0, int(redis.get(protocol.pool_waiting_key(pool)) or 0)),
         in_flight=sum(w.in_flight for w in workers),
         tokens_per_second=round(sum(w.tokens_per_second for w in workers), 2),

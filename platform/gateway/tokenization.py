@@ -6,6 +6,7 @@ token reservations happen before anything is enqueued), and the worker receives 
 
 import threading
 
+from gateway import images
 from gateway.errors import InvalidRequest, ServiceUnavailable
 
 _load_lock = threading.Lock()
@@ -31,10 +32,14 @@ def tokenizer_for(path: str):
         return _tokenizers[path]
 
 
-def chat_prompt_ids(path: str, messages: list[dict]) -> list[int]:
+def chat_prompt_ids(path: str, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """The rendered conversation's token ids; the tool definitions are part of it (the model's chat
+    template renders them), so they count as prompt tokens."""
     tokenizer = tokenizer_for(path)
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
     except Exception as exc:  # the template rejects e.g. a conversation that does not alternate roles
         raise InvalidRequest(f"The messages cannot be formatted for this model: {exc}", param="messages") from None
     return list(ids)
@@ -47,6 +52,11 @@ def completion_prompt_ids(path: str, prompt: str | list[int]) -> list[int]:
             raise InvalidRequest("'prompt' holds a token id outside the vocabulary.", param="prompt")
         return prompt
     return list(tokenizer.encode(prompt, add_special_tokens=True))
+
+
+def check_logit_bias(path: str, logit_bias: dict[str, float] | None) -> None:
+    if logit_bias and max(int(token) for token in logit_bias) >= len(tokenizer_for(path)):
+        raise InvalidRequest("'logit_bias' holds a token id outside the vocabulary.", param="logit_bias")
 
 
 def prompt_tokens_at_least(path: str, *, messages: list[dict] | None, prompt: str | list[int] | None) -> int:
@@ -63,7 +73,7 @@ def prompt_tokens_at_least(path: str, *, messages: list[dict] | None, prompt: st
     if prompt is not None:
         chars = len(prompt)
     else:
-        chars = sum(len(message["content"].strip()) for message in messages or ())
+        chars = sum(len(images.text_of(message["content"]).strip()) for message in messages or ())
     return -(-chars // _longest_token_chars(path))
 
 

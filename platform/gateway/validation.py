@@ -5,22 +5,31 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from gateway import images, structured
 from gateway.errors import InvalidRequest
 
 # Fields OpenAI defines that this platform does not implement: a clear 400, never silence.
+# (functions/function_call: the deprecated spelling of tools; best_of/echo/suffix: legacy completion
+# options vLLM's V1 engine dropped; the rest are OpenAI platform features with no engine behind them.)
 _UNSUPPORTED = {
-    "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "logit_bias",
-    "response_format", "top_logprobs", "best_of", "echo", "suffix", "audio", "modalities",
+    "functions", "function_call", "best_of", "echo", "suffix", "audio", "modalities",
     "prediction", "web_search_options", "reasoning_effort", "service_tier", "store", "metadata",
 }  # fmt: skip
 _COMMON = {
     "model", "max_tokens", "temperature", "top_p", "stop", "seed", "n", "stream", "stream_options",
-    "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos",
+    "user", "presence_penalty", "frequency_penalty", "logprobs", "ignore_eos", "logit_bias",
 }  # fmt: skip
-_CHAT_ONLY = {"messages", "max_completion_tokens"}
+_CHAT_ONLY = {
+    "messages", "max_completion_tokens", "top_logprobs", "response_format", "tools", "tool_choice",
+    "parallel_tool_calls",
+}  # fmt: skip
 _COMPLETION_ONLY = {"prompt"}
-_ROLES = {"system", "developer", "user", "assistant"}
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_STOP_SEQUENCES = 4
+MAX_CHOICES = 8  # n
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat; completions' `logprobs` allows 5
+MAX_COMPLETION_LOGPROBS = 5
+MAX_LOGIT_BIAS = 300  # entries, as OpenAI
 
 
 @dataclass
@@ -33,6 +42,16 @@ class InferenceRequest:
     stream: bool = False
     include_usage: bool = False
     sampling: dict = field(default_factory=dict)  # temperature, top_p, stop, seed, penalties, ignore_eos
+    n: int = 1
+    # Top alternatives per token to return (0: the chosen token's logprob only); None: no logprobs.
+    logprobs: int | None = None
+    # StructuredOutputsParams fields for the engine ({"json": schema} or {"json_object": True}).
+    structured: dict | None = None
+    tools: list[dict] | None = None  # function definitions as the chat template takes them
+    # How the worker reads tool calls from the output: "" none, "auto" (the model's own syntax),
+    # "required" (a guided JSON array of calls), "named" (guided arguments of `tool_name`).
+    tool_mode: str = ""
+    tool_name: str | None = None
 
 
 # A valid request nests 5 levels at most (body, messages, a message, its content parts, a part).
@@ -150,7 +169,7 @@ def _positive_int(body: dict, name: str) -> int | None:
 
 def _check_fields(body: dict, allowed: set[str]) -> None:
     for name in body:
-        if name in _UNSUPPORTED or (name == "logprobs" and body[name]):
+        if name in _UNSUPPORTED:
             raise InvalidRequest(f"'{name}' is not supported by this server.", param=name, code="unsupported_parameter")
         if name not in allowed:
             raise InvalidRequest(
@@ -232,13 +251,21 @@ def _common(body: dict) -> dict:
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string.", param="model", code="invalid_type")
     n = body.get("n")
-    if n is not None and n != 1:
-        raise InvalidRequest("Only n=1 is supported.", param="n", code="unsupported_value")
+    if n is None:
+        n = 1
+    if not _is_int(n) or not 1 <= n <= MAX_CHOICES:
+        raise InvalidRequest(
+            f"'n' must be an integer in [1, {MAX_CHOICES}], got {n!r}.", param="n", code="invalid_value"
+        )
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise InvalidRequest("'user' must be a string.", param="user", code="invalid_type")
     stream, include_usage = _stream_flags(body)
-    return {"model": model, "stream": stream, "include_usage": include_usage, "sampling": _sampling(body)}
+    sampling = _sampling(body)
+    logit_bias = structured.logit_bias(body.get("logit_bias"), MAX_LOGIT_BIAS)
+    if logit_bias:
+        sampling["logit_bias"] = logit_bias
+    return {"model": model, "stream": stream, "include_usage": include_usage, "sampling": sampling, "n": n}
 
 
 def _message(index: int, message) -> dict:
@@ -253,21 +280,17 @@ def _message(index: int, message) -> dict:
             code="invalid_value",
         )
     content = message.get("content")
+    if content is None and role == "assistant" and message.get("tool_calls"):
+        content = ""
     if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise InvalidRequest(
-                    f"'{where}.content' parts must be text parts ({{'type': 'text', 'text': ...}}).",
-                    param=f"{where}.content",
-                    code="unsupported_content",
-                )
-            parts.append(part["text"])
-        content = "".join(parts)
-    if not isinstance(content, str):
+        # Text parts joined; with an image part, the parts themselves (gateway/images.py).
+        content = images.message_content(where, role, content)
+    if not isinstance(content, str | list):
         raise InvalidRequest(f"'{where}.content' must be a string.", param=f"{where}.content", code="invalid_type")
     # Gemma's chat template knows system, user and assistant; OpenAI's "developer" is a system message.
-    return {"role": "system" if role == "developer" else role, "content": content}
+    result = {"role": "system" if role == "developer" else role, "content": content}
+    structured.tool_message_fields(where, message, result)
+    return result
 
 
 def chat_request(body: dict) -> InferenceRequest:
@@ -279,12 +302,58 @@ def chat_request(body: dict) -> InferenceRequest:
         raise InvalidRequest("'messages' must be a non-empty array.", param="messages", code="invalid_value")
     max_tokens = _positive_int(body, "max_completion_tokens")
     legacy = _positive_int(body, "max_tokens")
-    return InferenceRequest(
+    parsed = [_message(i, m) for i, m in enumerate(messages)]
+    images.check_count(parsed)
+    structured.name_tool_results(parsed)
+    tools = structured.chat_tools(body)
+    request = InferenceRequest(
         kind="chat",
-        messages=[_message(i, m) for i, m in enumerate(messages)],
+        messages=parsed,
         max_tokens=max_tokens if max_tokens is not None else legacy,
+        logprobs=_chat_logprobs(body),
+        tools=tools.definitions,
+        tool_mode=tools.mode,
+        tool_name=tools.name,
         **_common(body),
     )
+    response_format = structured.response_format(body.get("response_format"))
+    if tools.schema is not None and response_format is not None:
+        raise InvalidRequest(
+            "'response_format' cannot be combined with a 'tool_choice' that forces a tool call.",
+            param="response_format",
+            code="invalid_value",
+        )
+    request.structured = {"json": tools.schema} if tools.schema is not None else response_format
+    return request
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    logprobs, top = body.get("logprobs"), body.get("top_logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise InvalidRequest("'logprobs' must be a boolean.", param="logprobs", code="invalid_type")
+    if top is not None:
+        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidRequest(
+                f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}].", param="top_logprobs",
+                code="invalid_value",
+            )  # fmt: skip
+        if not logprobs:
+            raise InvalidRequest(
+                "'top_logprobs' requires 'logprobs' to be true.", param="top_logprobs", code="invalid_value"
+            )
+    return (top or 0) if logprobs else None
+
+
+def _completion_logprobs(body: dict) -> int | None:
+    logprobs = body.get("logprobs")
+    if logprobs is None:
+        return None
+    if not _is_int(logprobs) or not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise InvalidRequest(
+            f"'logprobs' must be an integer in [0, {MAX_COMPLETION_LOGPROBS}].", param="logprobs",
+            code="invalid_value",
+        )  # fmt: skip
+    return logprobs
 
 
 def completion_request(body: dict) -> InferenceRequest:
@@ -302,5 +371,6 @@ def completion_request(body: dict) -> InferenceRequest:
             code="invalid_value",
         )
     return InferenceRequest(
-        kind="completion", prompt=prompt, max_tokens=_positive_int(body, "max_tokens"), **_common(body)
-    )
+        kind="completion", prompt=prompt, max_tokens=_positive_int(body, "max_tokens"),
+        logprobs=_completion_logprobs(body), **_common(body),
+    )  # fmt: skip

@@ -29,7 +29,7 @@ from catalog.models import ServedModel
 from catalog.selectors import served_model_get, served_models_for
 from config.database import DatabaseUnavailable
 from config.redis_client import REDIS_UNAVAILABLE
-from gateway import dispatch, tokenization
+from gateway import dispatch, images, tokenization
 from gateway.auth import authenticate
 from gateway.dispatch import Delta, Done, Failed, Idle
 from gateway.errors import (
@@ -38,9 +38,10 @@ from gateway.errors import (
     NotFound,
     OpenAIError,
     PayloadTooLarge,
+    RateLimited,
     ServiceUnavailable,
 )
-from gateway.formats import ChunkWriter, completion_body
+from gateway.formats import ChoiceOutput, ChunkWriter, completion_body, model_entry
 from gateway.offload import run_blocking
 from gateway.validation import InferenceRequest, chat_request, completion_request, parse_json_body
 from quotas.admission import quota_release
@@ -120,24 +121,14 @@ def _caller(request) -> tuple[KeyPrincipal, Limits]:
 
 def _models_list(request) -> JsonResponse:
     principal, limits = _caller(request)
-    data = [
-        {"id": m.model_id, "object": "model", "created": int(m.created_at.timestamp()), "owned_by": "gemma-platform"}
-        for m in served_models_for(principal=principal, limits=limits)
-    ]
+    data = [model_entry(m) for m in served_models_for(principal=principal, limits=limits)]
     return JsonResponse({"object": "list", "data": data})
 
 
 def _model_detail(request, model_id: str) -> JsonResponse:
     principal, limits = _caller(request)
     model = served_model_get(principal=principal, limits=limits, model_id=model_id)
-    return JsonResponse(
-        {
-            "id": model.model_id,
-            "object": "model",
-            "created": int(model.created_at.timestamp()),
-            "owned_by": "gemma-platform",
-        }
-    )
+    return JsonResponse(model_entry(model))
 
 
 @openai_endpoint("POST")
@@ -227,41 +218,60 @@ def _admit_and_enqueue(request, parse) -> _Enqueued:
     principal, limits = _caller(request)
     spec: InferenceRequest = parse(_read_body(request))
     model = served_model_get(principal=principal, limits=limits, model_id=spec.model)
+    images.check_model(model, spec.messages)
     check = functools.partial(
         admission_check, principal=principal, limits=limits, implicit_max_tokens=spec.max_tokens is None,
         prompt_param=_prompt_param(spec),
     )  # fmt: skip
     # First with a lower bound of the prompt's size (no tokenizing), then with the exact size.
     prompt_at_least = tokenization.prompt_tokens_at_least(model.path, messages=spec.messages, prompt=spec.prompt)
+    # Every choice of n may generate max_tokens: admission reserves them all.
     bound_max_tokens = _max_tokens(spec, model.context_length, prompt_at_least, at_least=True)
-    check(prompt_tokens=prompt_at_least, max_tokens=bound_max_tokens, at_least=True)
+    check(prompt_tokens=prompt_at_least, max_tokens=bound_max_tokens * spec.n, at_least=True)
+    prepared = images.prepare(model, spec.messages) if spec.kind == "chat" else []
     prompt_ids = _prompt_ids(model, spec)
-    max_tokens = _max_tokens(spec, model.context_length, len(prompt_ids))
-    check(prompt_tokens=len(prompt_ids), max_tokens=max_tokens)
-    # Give the database connection back before anything that can wait (a pool scaling from zero, the
-    # pool's fair share): a waiting request holds its gateway thread, not a PostgreSQL connection.
-    db.connection.close()
-    ready = dispatch.await_worker(model)
+    # Each image's placeholder token becomes the image's tokens in the engine: counted here too.
+    prompt_tokens = images.prompt_tokens(prompt_ids, prepared)
+    max_tokens = _max_tokens(spec, model.context_length, prompt_tokens)
+    ready = dispatch.ready_workers(model.pool)
+    # What can never fit is refused at its exact size. The quota counters are asked again only for a
+    # request about to wait for its pool (counted as demand meanwhile); with a worker ready, the
+    # reservation below is the exact check: one Lua call fewer on the hot path.
+    check(prompt_tokens=prompt_tokens, max_tokens=max_tokens * spec.n, counters=not ready)
+    if not ready:
+        # A waiting request holds its gateway thread, not a PostgreSQL connection.
+        db.connection.close()
+        ready = dispatch.await_worker(model)
     request_id = f"{'chatcmpl' if spec.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
     admitted_at = time.time()
     # The exact reservation (429, nothing enqueued; a check above may have been overtaken by other
     # requests) and the pool's fair share; settled through the ledger from here on.
     admitted = admission_gate(
-        principal=principal, limits=limits, model=model, request_id=request_id, prompt_tokens=len(prompt_ids),
-        max_tokens=max_tokens, implicit_max_tokens=spec.max_tokens is None, ready_workers=ready,
+        principal=principal, limits=limits, model=model, request_id=request_id, prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens * spec.n, implicit_max_tokens=spec.max_tokens is None, ready_workers=ready,
     )  # fmt: skip
     job = RequestInput(
         request_id=request_id,
         model=model.model_id,
         prompt_token_ids=prompt_ids,
-        params=dict(spec.sampling, max_tokens=admitted.max_tokens),
+        params=_engine_params(spec, admitted.max_tokens // spec.n),
         tenant_id=principal.tenant_id,
         key_id=principal.key_id,
         enqueued_at=admitted_at,
         # Keeps one tenant from probing another's prompts through the shared prefix cache.
         cache_salt=f"tenant-{principal.tenant_id}",
+        adapter_id=model.adapter.pk if model.adapter else 0,
+        adapter_digest=model.adapter.digest if model.adapter else "",
+        tool_mode=spec.tool_mode,
+        tool_name=spec.tool_name or "",
+        images=[image.wire() for image in prepared],
     )
     try:
+        if job.params["max_tokens"] < 1:  # an implicit max_tokens lowered below one token per choice
+            raise RateLimited(
+                f"Too few output tokens are left in your limits for {spec.n} choices; retry later or lower 'n'.",
+                code="rate_limit_exceeded", headers={**admitted.headers, "Retry-After": "1"},
+            )  # fmt: skip
         dispatch.enqueue(job, model)
     except BaseException:
         quota_release(request_id=request_id)
@@ -269,13 +279,29 @@ def _admit_and_enqueue(request, parse) -> _Enqueued:
     return _Enqueued(job, model, spec, dict(admitted.headers))
 
 
+def _engine_params(spec: InferenceRequest, max_tokens: int) -> dict:
+    """The engine's parameters for the request (workers/engine.py REQUEST_KEYS); `max_tokens` per choice."""
+    params = dict(spec.sampling, max_tokens=max_tokens)
+    if spec.n > 1:
+        params["n"] = spec.n
+    if spec.logprobs is not None:
+        params["logprobs"] = spec.logprobs
+    if spec.structured is not None:
+        params["structured_outputs"] = spec.structured
+    if spec.tool_mode == "auto":
+        # The model's tool-call markers are special tokens: keep them in the text, for the parser.
+        params["skip_special_tokens"] = False
+    return params
+
+
 def _prompt_param(spec: InferenceRequest) -> str:
     return "messages" if spec.kind == "chat" else "prompt"
 
 
 def _prompt_ids(model: ServedModel, spec: InferenceRequest) -> list[int]:
+    tokenization.check_logit_bias(model.path, spec.sampling.get("logit_bias"))
     if spec.kind == "chat":
-        return tokenization.chat_prompt_ids(model.path, spec.messages)
+        return tokenization.chat_prompt_ids(model.path, spec.messages, spec.tools)
     return tokenization.completion_prompt_ids(model.path, spec.prompt)
 
 
@@ -307,6 +333,8 @@ def _max_tokens(spec: InferenceRequest, context_length: int, prompt_tokens: int,
 def _failure_error(failure: Failed) -> OpenAIError:
     if failure.code == "no_worker_available":
         return ServiceUnavailable(failure.message, code=failure.code, headers={"Retry-After": "5"})
+    if failure.code == "request_rejected":  # the engine refused the request's parameters
+        return InvalidRequest(failure.message, code=failure.code)
     error = OpenAIError(failure.message, code=failure.code)
     error.status, error.type = 502, "server_error"
     return error
@@ -325,21 +353,29 @@ async def _collect(job: RequestInput, model, spec: InferenceRequest) -> HttpResp
         # Settled now too, as a stream that ends with an error is: the periodic flush is only the safety net.
         await run_blocking(dispatch.record, job.request_id)
         return _failure_error(outcome).response()
-    text, usage = outcome
-    body = completion_body(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, text, usage)
+    outputs, usage = outcome
+    body = completion_body(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, outputs, usage)
     await run_blocking(dispatch.record, job.request_id)
     return HttpResponse(json.dumps(body), content_type="application/json")
 
 
-async def _collected(job: RequestInput, model) -> tuple[str, Usage] | Failed:
-    """The request's whole text and usage, or its failure."""
-    parts: list[str] = []
+async def _collected(job: RequestInput, model) -> tuple[list[ChoiceOutput], Usage] | Failed:
+    """The request's choices (whole text, logprobs, tool calls) and usage, or its failure."""
+    outputs = [ChoiceOutput() for _ in range(job.params.get("n", 1))]
     async with aclosing(dispatch.relay(job, model)) as events:
         async for event in events:
             if isinstance(event, Delta):
-                parts.append(event.text)
+                output = outputs[event.index]
+                output.texts.append(event.text)
+                if event.logprobs is not None:
+                    output.logprobs = (output.logprobs or []) + event.logprobs
             elif isinstance(event, Done):
-                return "".join(parts), event.usage
+                for output, end in zip(outputs, event.choices or (), strict=False):
+                    output.finish_reason, output.tool_calls = end.get("finish_reason"), end.get("tool_calls")
+                if job.params.get("logprobs") is not None:
+                    for output in outputs:
+                        output.logprobs = output.logprobs or []
+                return outputs, event.usage
             elif isinstance(event, Failed):
                 return event
     raise AssertionError("relay ended without a final event")
@@ -390,17 +426,17 @@ async def _stream(job: RequestInput, model, spec: InferenceRequest):
     writer = ChunkWriter(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, spec.include_usage)
     finished = False
     try:
-        yield writer.opening()
+        yield writer.opening(spec.n)
         async with aclosing(dispatch.relay(job, model)) as events:
             async for event in events:
                 if isinstance(event, Delta):
-                    if event.text:
-                        yield writer.delta(event.text)
+                    if event.text or event.logprobs:
+                        yield writer.delta(event.text, event.index, event.logprobs)
                 elif isinstance(event, Idle):
                     yield writer.keepalive()  # keeps proxies from timing the connection out
                 elif isinstance(event, Done):
                     finished = True
-                    yield writer.closing(event.usage)
+                    yield writer.closing(event.usage, event.choices)
                 elif isinstance(event, Failed):
                     finished = True
                     yield writer.error(_failure_error(event).body())

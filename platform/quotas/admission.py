@@ -9,8 +9,9 @@ per request id: the reservation record `resv:<rid>` is consumed by the first set
 
 Before that, the gateway refuses early what admission would refuse, so a refused request costs no
 tokenization and no wait for a worker: `quota_size_check` (no Redis) raises RequestTooLarge for a
-request larger than a limit's whole capacity, which no wait can admit; `quota_check` runs the same
-script without reserving anything and raises QuotaExceeded for a request over a limit right now.
+request larger than a limit's whole capacity, which no wait can admit; `quota_admit` with
+`check_only` runs the same script without reserving anything and raises QuotaExceeded for a request
+over a limit right now.
 
 Settle is called where usage becomes durable: when a usage entry is put into, or drained from, the
 `ledger:pending` buffer (ledger.services), which covers a finished request, a client disconnect
@@ -166,19 +167,6 @@ def _scope_size_check(scope: dict, prompt: int, completion: int, at_least: bool)
         raise RequestTooLarge(limit="budget_tokens", cap=cap, needed=needed, part="completion", at_least=at_least)
 
 
-def quota_check(
-    *, tenant_id: int, key_id: int, limits: Limits, prompt_tokens: int, max_tokens: int, implicit_max_tokens: bool
-) -> None:
-    """Decide as `quota_admit` would, reserving nothing: raise QuotaExceeded if the request is over a
-    limit right now. Given a lower bound of the prompt's size, a refusal here is one that admission
-    with the exact size would make too."""
-    _run_admit(
-        request_id="check",  # a check writes no reservation record: the id names none
-        tenant_id=tenant_id, key_id=key_id, limits=limits, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-        implicit_max_tokens=implicit_max_tokens, check_only=True, redis=None,
-    )  # fmt: skip
-
-
 def quota_admit(
     *,
     request_id: str,
@@ -188,29 +176,14 @@ def quota_admit(
     prompt_tokens: int,
     max_tokens: int,
     implicit_max_tokens: bool,
+    check_only: bool = False,
     redis=None,
 ) -> Admitted:
     """Check and reserve every limit for one request, or raise QuotaExceeded (nothing reserved).
 
-    `redis`: a client to run on (default: the process's shared one)."""
-    return _run_admit(
-        request_id=request_id, tenant_id=tenant_id, key_id=key_id, limits=limits, prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens, check_only=False, redis=redis,
-    )  # fmt: skip
-
-
-def _run_admit(
-    *,
-    request_id: str,
-    tenant_id: int,
-    key_id: int,
-    limits: Limits,
-    prompt_tokens: int,
-    max_tokens: int,
-    implicit_max_tokens: bool,
-    check_only: bool,
-    redis,
-) -> Admitted:
+    `check_only`: decide the same way but reserve nothing (`request_id` then names no reservation).
+    Given a lower bound of the prompt's size, a refusal then is one that admission with the exact
+    size would make too. `redis`: a client to run on (default: the process's shared one)."""
     scopes = [tenant_scope(tenant_id)]
     args = [request_id, prompt_tokens, max_tokens, int(implicit_max_tokens), limits.period.id,
             int(limits.period.end.timestamp()), HOLD_SECONDS, int(check_only)]  # fmt: skip

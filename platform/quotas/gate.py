@@ -14,7 +14,6 @@ from quotas.admission import (
     QuotaExceeded,
     RequestTooLarge,
     quota_admit,
-    quota_check,
     quota_release,
     quota_size_check,
 )
@@ -32,20 +31,25 @@ def admission_check(
     implicit_max_tokens: bool,
     prompt_param: str,
     at_least: bool = False,
+    counters: bool = True,
 ) -> None:
     """Raise the OpenAI error admission would answer now, reserving nothing.
 
     `prompt_param`: the request's prompt field ("messages" or "prompt"), named by a 400 about it.
     `at_least`: `prompt_tokens` is a lower bound (the prompt is not tokenized yet); any refusal is
-    then one the exact size would get too."""
+    then one the exact size would get too. `counters=False` checks only what can never fit (no
+    Redis call), not the tenant's current usage."""
     try:
         quota_size_check(
             limits=limits, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
             implicit_max_tokens=implicit_max_tokens, at_least=at_least,
         )  # fmt: skip
-        quota_check(
-            tenant_id=principal.tenant_id, key_id=principal.key_id, limits=limits, prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
+        if not counters:
+            return
+        quota_admit(
+            request_id="check", tenant_id=principal.tenant_id, key_id=principal.key_id, limits=limits,
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
+            check_only=True,
         )  # fmt: skip
     except RequestTooLarge as exc:
         param = {"prompt": prompt_param, "completion": "max_tokens"}.get(exc.part)

@@ -50,6 +50,13 @@ class Plan(LimitFields):
     fair_share_weight = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1)], help_text="Share of a saturated pool, relative to other tenants."
     )
+    # Tenants' LoRA adapters (model "<base>:<adapter>"): their own token prices (empty: the base
+    # prices above) and how many adapters a tenant may keep (empty: no limit).
+    price_adapter_input_per_1m_micros = models.PositiveBigIntegerField(null=True, blank=True)
+    price_adapter_output_per_1m_micros = models.PositiveBigIntegerField(null=True, blank=True)
+    max_adapters = models.PositiveIntegerField(
+        null=True, blank=True, help_text=f"LoRA adapters per tenant. {_LIMIT_HELP}"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

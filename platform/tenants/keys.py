@@ -29,17 +29,19 @@ def key_digest(plaintext: str) -> str:
     return hmac.new(settings.API_KEY_HMAC_KEY.encode(), plaintext.encode(), hashlib.sha256).hexdigest()
 
 
-def key_generate() -> NewKey:
+def key_generate(scheme: str = KEY_SCHEME) -> NewKey:
+    """A new credential ``<scheme>_<prefix>_<secret>``: tenant API keys (``gpk``), and every other
+    secret the platform hands out in the same form (the operators' staff tokens, ``gps``)."""
     prefix = "".join(secrets.choice(_ALPHABET) for _ in range(PREFIX_LENGTH))
     secret = "".join(secrets.choice(_ALPHABET) for _ in range(SECRET_LENGTH))
-    plaintext = f"{KEY_SCHEME}_{prefix}_{secret}"
+    plaintext = f"{scheme}_{prefix}_{secret}"
     return NewKey(plaintext=plaintext, prefix=prefix, digest=key_digest(plaintext))
 
 
-def key_prefix(plaintext: str) -> str | None:
-    """The lookup prefix of a well-formed key, or None for anything else."""
+def key_prefix(plaintext: str, scheme: str = KEY_SCHEME) -> str | None:
+    """The lookup prefix of a well-formed credential of ``scheme``, or None for anything else."""
     parts = plaintext.split("_")
-    if len(parts) != 3 or parts[0] != KEY_SCHEME:
+    if len(parts) != 3 or parts[0] != scheme:
         return None
     prefix, secret = parts[1], parts[2]
     if len(prefix) != PREFIX_LENGTH or len(secret) != SECRET_LENGTH:

@@ -6,22 +6,11 @@ import pytest
 from django.test import Client
 
 from tests.api.conftest import call
+from tests.bad_input import DIGITS_5000, NESTED_40, NESTED_5000, error_of, post_raw, raw_json
 
 BASE = "/api/v1"
 BIGINT_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
-
-
-def _post(client, url: str, token: str, raw: bytes, method: str = "post"):
-    return getattr(client, method)(url, data=raw, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}")
-
-
-def _error(response, status: int) -> dict:
-    assert response.status_code == status, response.content
-    assert response["Content-Type"] == "application/json"
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    return error
 
 
 @pytest.fixture
@@ -31,25 +20,26 @@ def alice(db, make_tenant):
 
 
 @pytest.mark.parametrize(
-    "raw",
+    ("field", "value"),
     [
-        b'{"name": "x", "display_name": ' + b"[" * 5000 + b"]" * 5000 + b"}",
-        b'{"name": "x", "display_name": ' + b"[" * 40 + b"]" * 40 + b"}",
-        b'{"name": "x", "rpm": ' + b"9" * 5000 + b"}",
-        b'{"name": "x", "rpm": NaN}',
-        b'{"name": "x", "rpm": -Infinity}',
-        b'{"name": "x", "rpm": 1e999}',
+        ("display_name", NESTED_5000),
+        ("display_name", NESTED_40),
+        ("rpm", DIGITS_5000),
+        ("rpm", b"NaN"),
+        ("rpm", b"-Infinity"),
+        ("rpm", b"1e999"),
     ],
     ids=["nested-5000", "nested-40", "int-5000-digits", "nan", "minus-infinity", "overflowing-float"],
 )
-def test_bodies_json_cannot_hold_are_a_400(client, operator_token, raw):
-    error = _error(_post(client, f"{BASE}/plans/", operator_token, raw), 400)
+def test_bodies_json_cannot_hold_are_a_400(client, operator_token, field, value):
+    raw = raw_json(name=b'"x"', **{field: value})
+    error = error_of(post_raw(client, f"{BASE}/plans/", operator_token, raw), 400)
     assert error["type"] == "invalid_request_error" and error["code"] == "parse_error"
 
 
 def test_a_lone_surrogate_is_a_400_naming_the_field(client, operator_token, alice):
     raw = rb'{"display_name": "caf\ud800"}'
-    error = _error(_post(client, f"{BASE}/tenants/alice/", operator_token, raw, method="patch"), 400)
+    error = error_of(post_raw(client, f"{BASE}/tenants/alice/", operator_token, raw, method="patch"), 400)
     assert error["param"] == "display_name" and error["code"] == "invalid_value"
 
 
@@ -66,7 +56,7 @@ def test_a_lone_surrogate_is_a_400_naming_the_field(client, operator_token, alic
 def test_a_value_beyond_its_column_is_a_400_naming_the_field(client, operator_token, alice, url, field, too_big):
     body = {field: too_big} if "quota" in url else {"name": "gold", field: too_big}
     response = call(client, "PATCH" if "quota" in url else "POST", f"{BASE}{url}", operator_token, body)
-    error = _error(response, 400)
+    error = error_of(response, 400)
     assert (error["param"], error["code"]) == (field, "max_value")
 
 
@@ -82,12 +72,12 @@ def test_a_key_quota_beyond_its_column_is_a_400(client, operator_token, alice):
     prefix = ApiKey.objects.get(tenant=alice).prefix
     response = call(client, "PATCH", f"{BASE}/tenants/alice/keys/{prefix}/quota/", operator_token,
                     {"concurrency": BIGINT_MAX + 1})  # fmt: skip
-    assert _error(response, 400)["param"] == "concurrency"
+    assert error_of(response, 400)["param"] == "concurrency"
 
 
 @pytest.mark.parametrize("path", [f"{BASE}/no-such-thing/", f"{BASE}/tenants/alice/keys/x/y/z/", f"{BASE}"])
 def test_an_unknown_management_path_is_a_json_404(client, db, path):
-    error = _error(client.get(path), 404)
+    error = error_of(client.get(path), 404)
     assert (error["type"], error["code"]) == ("invalid_request_error", "unknown_url")
 
 
@@ -104,6 +94,6 @@ def test_a_server_error_in_the_management_api_is_json(db, operator_token, monkey
 
     monkeypatch.setattr(views.Plan.objects, "all", broken)
     client = Client(raise_request_exception=False)
-    error = _error(client.get(f"{BASE}/plans/", HTTP_AUTHORIZATION=f"Bearer {operator_token}"), 500)
+    error = error_of(client.get(f"{BASE}/plans/", HTTP_AUTHORIZATION=f"Bearer {operator_token}"), 500)
     assert (error["type"], error["code"]) == ("server_error", "internal_error")
     assert "a bug" not in error["message"]

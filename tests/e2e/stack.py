@@ -1,5 +1,9 @@
 """The live stack for end-to-end tests: gunicorn → Redis → Celery worker → vLLM (tiny model, CPU).
 
+The processes are started by the platform's own launcher (deploy/local/launcher.py), with the same
+commands as ``make up`` and the benchmarks; this module adds the test's database and Redis, a worker
+per pool on demand and the helpers the tests share.
+
 One stack per test module (the engine takes tens of seconds to start; a fresh stack per module keeps
 one module's leftovers from slowing the next). It uses the pytest-django
 test database and its own Redis database index, so unit tests that flush their Redis database do
@@ -9,7 +13,6 @@ not disturb it. Tests that use it must commit their data (`transactional_db`).
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,16 +23,23 @@ from urllib.parse import urlparse, urlunparse
 import httpx
 import pytest
 
+from deploy.local.launcher import (
+    Child,
+    beat_command,
+    free_port,
+    stop_all,
+    wait_worker_ready,
+    web_command,
+    worker_command,
+)
+
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "tiny"
-STACK_REDIS_DB = os.environ.get("E2E_REDIS_DB", "14")
+# The stack's own Redis database, next to the suite's (TEST_REDIS_DB, default 15 -> stack 14; a
+# suite on database n < 8 -> stack n + 7), so that suites run side by side never share a Celery queue.
+_SUITE_REDIS_DB = int(os.environ.get("TEST_REDIS_DB", "15"))
+STACK_REDIS_DB = os.environ.get("E2E_REDIS_DB") or str(_SUITE_REDIS_DB + 7 if _SUITE_REDIS_DB < 8 else 14)
 ENGINE_START_TIMEOUT = float(os.environ.get("E2E_ENGINE_START_TIMEOUT", "600"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def database_url(settings_dict: dict) -> str:
@@ -46,7 +56,7 @@ class Stack:
     env: dict
     model_dir: Path
     log_dir: Path
-    procs: dict = field(default_factory=dict)
+    procs: dict[str, Child] = field(default_factory=dict)
 
     @property
     def redis_url(self) -> str:
@@ -67,12 +77,11 @@ class Stack:
             "registermodel", model_id, "--path", str(self.model_dir), "--pool", pool, "--context-length", "2048"
         )
 
-    def worker_command(self, name: str, pool: str, concurrency: int = 64, queues: str = "") -> list[str]:
-        queues = queues or f"pool.{pool},control"
-        return [
-            sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--pool", "threads",
-            "--concurrency", str(concurrency), "-Q", queues, "-n", f"{name}@%h", "--loglevel", "INFO",
-        ]  # fmt: skip
+    def worker_command(
+        self, name: str, pool: str, concurrency: int = 64, queues: str = "", app: str | None = None
+    ) -> list[str]:
+        options = {"app": app} if app else {}
+        return worker_command(name, queues or f"pool.{pool},control", concurrency, **options)
 
     def worker_env(self, name: str, pool: str, model_path: str | None = None) -> dict:
         return dict(
@@ -84,93 +93,37 @@ class Stack:
             POD_NAME=f"{name}-pod",
         )
 
-    def start_worker(self, name: str = "e2e", pool: str = POOL, concurrency: int = 64) -> subprocess.Popen:
-        log = open(self.log_dir / f"worker-{name}.log", "ab")  # noqa: SIM115
-        proc = subprocess.Popen(
-            self.worker_command(name, pool, concurrency),
-            cwd=ROOT,
-            env=self.worker_env(name, pool),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+    def start_worker(self, name: str = "e2e", pool: str = POOL, concurrency: int = 64, app: str | None = None) -> Child:
+        """A Celery worker with an engine on `pool` (``procs["worker-<name>"]``); `app` is the module
+        ``celery -A`` loads (a test may wrap the worker's in a module of its own under tests/)."""
+        return self._start(
+            f"worker-{name}", self.worker_command(name, pool, concurrency, app=app), self.worker_env(name, pool)
         )
-        self.procs[f"worker-{name}"] = proc
-        return proc
 
-    def start_beat(self) -> None:
-        log = open(self.log_dir / "beat.log", "ab")  # noqa: SIM115
-        self.procs["beat"] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.celery_app",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "--schedule",
-                str(self.log_dir / "beat-schedule"),
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    def start_beat(self) -> Child:
+        return self._start("beat", beat_command(self.log_dir / "beat-schedule"), self.env)
+
+    def _start(self, key: str, argv: list[str], env: dict) -> Child:
+        self.procs[key] = child = Child(key, argv, self.log_dir / f"{key}.log", env=env).start()
+        return child
 
     def wait_ready(self, pool: str = POOL, timeout: float = ENGINE_START_TIMEOUT) -> None:
-        import redis
-
-        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            names = client.zrangebyscore(f"pool:{pool}:workers", time.time() - 10, "+inf")
-            if any(client.hget(f"worker:{n}", "state") == "ready" for n in names):
-                return
-            for key, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{key} exited with {proc.returncode}; see {self.log_dir}")
-            time.sleep(1)
-        raise TimeoutError(f"no ready worker on pool {pool} after {timeout}s; see {self.log_dir}")
+        wait_worker_ready(self.redis_url, pool, timeout=timeout, children=self.procs.values())
 
     def stop(self, key: str, sig=signal.SIGTERM, timeout: float = 30) -> None:
-        proc = self.procs.pop(key)
-        if proc.poll() is None:
-            os.killpg(proc.pid, sig)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        # Whatever the process left in its group (vLLM's engine processes) must not outlive it: an
-        # orphaned engine keeps polling and takes CPU from the tests that follow.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        """Stop one process (its whole group, vLLM's engine processes included)."""
+        self.procs.pop(key).stop(timeout, sig=sig)
 
     def stop_all(self) -> None:
-        for key in list(self.procs):
-            self.stop(key)
+        stop_all(self.procs.values())
+        self.procs.clear()
 
 
 def _start_gunicorn(stack: Stack, port: int) -> None:
-    log = open(stack.log_dir / "gunicorn.log", "ab")  # noqa: SIM115
-    stack.procs["gunicorn"] = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py"],
-        cwd=ROOT,
-        env=dict(stack.env, GUNICORN_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY="2"),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
+    web = stack._start(
+        "gunicorn", web_command(), dict(stack.env, GUNICORN_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY="2")
     )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{stack.base_url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.3)
-    raise TimeoutError(f"gunicorn did not answer /healthz; see {stack.log_dir}/gunicorn.log")
+    web.wait_http(f"{stack.base_url}/healthz", timeout=60)
 
 
 def engine_processes(stack: Stack, worker: str = "worker-e2e") -> list:
@@ -188,8 +141,7 @@ def requests_in_flight(stack: Stack, pool: str = POOL) -> int:
     from workers import protocol
 
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
-    names = client.zrange(protocol.pool_workers_key(pool), 0, -1)
-    return sum(int(client.hget(protocol.worker_key(name), "in_flight") or 0) for name in names)
+    return sum(int(record.get("in_flight") or 0) for record in protocol.fresh_workers(client, pool, 0).values())
 
 
 class PausedEngine:
@@ -227,17 +179,20 @@ def engine_paused(stack: Stack, worker: str = "worker-e2e"):
         engine.resume()
 
 
-def disconnect_mid_stream(stack: Stack, key: str, body: dict) -> httpx.Headers:
+def disconnect_mid_stream(stack: Stack, key: str, body: dict, attempts: int = 5) -> httpx.Headers:
     """Stream a chat completion and go away while the worker generates it; return the reply's
     headers once the gateway has told the worker to stop.
 
     The engine is paused except while it makes the request's first tokens: left running, it can
     finish a short request before a client on a loaded machine has read the first line, and the
     client then leaves a request that already ended; paused throughout, the worker stops the request
-    before it generated anything, and there is nothing to bill.
+    before it generated anything, and there is nothing to bill. Even the short run can finish the
+    request when this process gets no CPU for seconds (a busy 2-core machine): such an attempt is
+    seen by its done entry and repeated with a new request, once the finished one is settled.
     """
     import redis
 
+    from quotas.admission import resv_key
     from workers import protocol
 
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
@@ -245,23 +200,33 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict) -> httpx.Headers:
     def relayed(kind: str, request_id: str):
         return lambda: any(f["t"] == kind for _, f in client.xrange(protocol.events_key(request_id)))
 
-    with engine_paused(stack) as engine:
-        with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=dict(body, stream=True),
-                          headers={"Authorization": f"Bearer {key}"}, timeout=60) as response:  # fmt: skip
-            assert response.status_code == 200, response.read()
-            headers, request_id = response.headers, response.headers["x-request-id"]
-            lines = response.iter_lines()  # held: a dropped line iterator closes the connection
-            next(line for line in lines if line.startswith("data: {"))  # the role chunk
-            wait_until(relayed("start", request_id), "the worker never took the request")
-            with engine.resumed():
-                wait_until(relayed("delta", request_id), "the engine generated nothing")
-        # The gateway notices the client is gone at once (the server reads the closed connection),
-        # at the latest at its next keep-alive write. Bounded generously: on a 2-core machine beside
-        # busy loops the notice has come late or not at all (docs/reliability.md, known limits).
-        wait_until(
-            lambda: client.exists(protocol.cancel_key(request_id)), "the gateway never cancelled the request", 120
-        )
-    return headers
+    def cancelled(request_id: str):
+        return lambda: client.exists(protocol.cancel_key(request_id))
+
+    def settled(request_id: str):
+        return lambda: not client.exists(resv_key(request_id))
+
+    for _ in range(attempts):
+        with engine_paused(stack) as engine:
+            with httpx.stream("POST", f"{stack.base_url}/v1/chat/completions", json=dict(body, stream=True),
+                              headers={"Authorization": f"Bearer {key}"}, timeout=60) as response:  # fmt: skip
+                assert response.status_code == 200, response.read()
+                headers, request_id = response.headers, response.headers["x-request-id"]
+                lines = response.iter_lines()  # held: a dropped line iterator closes the connection
+                next(line for line in lines if line.startswith("data: {"))  # the role chunk
+                wait_until(relayed("start", request_id), "the worker never took the request")
+                with engine.resumed():
+                    wait_until(relayed("delta", request_id), "the engine generated nothing")
+                finished_before_leaving = relayed("done", request_id)()
+            if not finished_before_leaving:
+                # The gateway notices the client is gone at once (the server reads the closed
+                # connection), at the latest at its next keep-alive write.
+                wait_until(cancelled(request_id), "the gateway never cancelled the request", 60)
+                return headers
+        # Its usage settled (and its concurrency slot given back) before the next attempt is admitted.
+        wait_usage_row(request_id)
+        wait_until(settled(request_id), "the finished request was never settled")
+    raise AssertionError(f"the engine finished the request before the client left, {attempts} times")
 
 
 def wait_until(condition, what: str, timeout: float = 30) -> None:
@@ -321,8 +286,18 @@ def stack_redis_url():
 
 
 @pytest.fixture(scope="module")
-def live_stack(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_factory, stack_redis_url):
+def stack_database_url(django_db_setup):
+    """The PostgreSQL of a module's stack: the test database (a module may override this, e.g. to
+    reach it through a proxy it can cut)."""
     from django.conf import settings
+
+    return database_url(settings.DATABASES["default"])
+
+
+@pytest.fixture(scope="module")
+def live_stack(
+    django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_factory, stack_redis_url, stack_database_url
+):
     from django.core.management.commands import flush
 
     if not getattr(flush.Command.handle, "retries_deadlocks", False):
@@ -331,9 +306,8 @@ def live_stack(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_fact
     redis_url = stack_redis_url
     env = dict(
         os.environ,
-        DATABASE_URL=database_url(settings.DATABASES["default"]),
+        DATABASE_URL=stack_database_url,
         REDIS_URL=redis_url,
-        PYTHONPATH=os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
         AUTH_CACHE_SECONDS="30",
         DATABASE_POOL="1",  # as in production
         # Heartbeats come every 2 s; this 2-core machine sometimes stalls every process for 5 s
@@ -343,6 +317,8 @@ def live_stack(django_db_setup, django_db_blocker, tiny_model_dir, tmp_path_fact
         # Renewed every 5 s; lapses 20 s after a web process dies (tests/e2e/test_web_loss.py).
         READER_LEASE_SECONDS="20",
         PYTHONUNBUFFERED="1",
+        # Tenants' adapters uploaded by the tests, apart from `make up`'s store.
+        ADAPTER_STORE_DIR=str(tmp_path_factory.mktemp("adapter-store")),
     )
     import redis
 

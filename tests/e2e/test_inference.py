@@ -168,7 +168,7 @@ def test_the_openai_client_works_unchanged(stack, alice):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-model", messages=MESSAGES)
     with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=9)
     assert error.value.body["param"] == "n"
 
 

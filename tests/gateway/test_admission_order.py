@@ -47,9 +47,9 @@ def tokenizer_calls(monkeypatch):
     for name in ("chat_prompt_ids", "completion_prompt_ids"):
         real = getattr(tokenization, name)
 
-        def recording(path, prompt, _real=real, _name=name):
+        def recording(*args, _real=real, _name=name, **kwargs):
             calls.append(_name)
-            return _real(path, prompt)
+            return _real(*args, **kwargs)
 
         monkeypatch.setattr(tokenization, name, recording)
     return calls

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from gateway.errors import InvalidRequest
 from gateway.validation import InferenceRequest, chat_request, completion_request, parse_json_body
-from tests.json_strategies import FUZZ, bodies, texts
+from tests.json_strategies import FUZZ, bodies, json_values, texts
 
 _ROLES = st.sampled_from(["system", "developer", "user", "assistant", "tool"])
 _MESSAGE = st.fixed_dictionaries({"role": _ROLES, "content": texts})
@@ -27,10 +27,51 @@ _COMMON = {
     "user": texts,
     "presence_penalty": st.floats(min_value=-3, max_value=3),
     "frequency_penalty": st.floats(min_value=-3, max_value=3),
+    "logit_bias": st.dictionaries(st.integers(min_value=-1, max_value=2000).map(str) | texts, st.floats(), max_size=3),
 }
-CHAT_BODIES = bodies(_COMMON | {"messages": st.lists(_MESSAGE, max_size=3), "max_completion_tokens": st.integers()})
+_SCHEMAS = json_values | st.fixed_dictionaries(
+    {"type": st.sampled_from(["object", "string", "array", "integer", "nonsense"])},
+    optional={"properties": st.dictionaries(texts, json_values, max_size=2), "maxLength": st.integers(),
+              "pattern": texts, "required": json_values},
+)  # fmt: skip
+_FUNCTION = st.fixed_dictionaries(
+    {"name": st.sampled_from(["f", "get_weather"]) | texts}, optional={"parameters": _SCHEMAS, "description": texts}
+)
+_TOOLS = st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": _FUNCTION}), max_size=3)
+_TOOL_CHOICES = st.sampled_from(["none", "auto", "required"]) | st.fixed_dictionaries(
+    {"type": st.just("function"), "function": st.fixed_dictionaries({"name": st.sampled_from(["f", "g"])})}
+)
+_RESPONSE_FORMATS = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])},
+    optional={"json_schema": st.fixed_dictionaries({"name": st.just("x") | texts}, optional={"schema": _SCHEMAS})},
+)
+_CALL = st.fixed_dictionaries(
+    {"id": texts, "type": st.just("function"),
+     "function": st.fixed_dictionaries({"name": texts, "arguments": st.just('{"a": 1}') | texts})}
+)  # fmt: skip
+_TOOL_MESSAGES = st.fixed_dictionaries({"role": st.just("tool"), "content": texts}, optional={"tool_call_id": texts})
+_CALLING = st.fixed_dictionaries(
+    {"role": st.just("assistant"), "tool_calls": st.lists(_CALL, max_size=2)}, optional={"content": st.none() | texts}
+)
+CHAT_BODIES = bodies(
+    _COMMON
+    | {
+        "messages": st.lists(_MESSAGE | _TOOL_MESSAGES | _CALLING, max_size=3),
+        "max_completion_tokens": st.integers(),
+        "logprobs": st.booleans(),
+        "top_logprobs": st.integers(min_value=-1, max_value=25),
+        "tools": _TOOLS,
+        "tool_choice": _TOOL_CHOICES,
+        "parallel_tool_calls": st.booleans(),
+        "response_format": _RESPONSE_FORMATS,
+    }
+)
 COMPLETION_BODIES = bodies(
-    _COMMON | {"prompt": texts | st.lists(st.integers(min_value=-1, max_value=300_000), max_size=4)}
+    _COMMON
+    | {
+        "prompt": texts | st.lists(st.integers(min_value=-1, max_value=300_000), max_size=4),
+        "logprobs": st.integers(min_value=-1, max_value=6),
+    }
 )
 
 
@@ -56,7 +97,8 @@ def _assert_parsed_or_refused(raw: bytes, parse) -> None:
         return
     assert isinstance(spec, InferenceRequest)
     json.dumps(spec.sampling, allow_nan=False)  # nothing non-finite reaches the engine
-    for text in _strings_of([spec.model, spec.messages, spec.prompt, spec.sampling]):
+    json.dumps([spec.structured, spec.tools], allow_nan=False)
+    for text in _strings_of([spec.model, spec.messages, spec.prompt, spec.sampling, spec.structured, spec.tools]):
         text.encode("utf-8")  # nothing a tokenizer cannot encode
 
 

@@ -34,8 +34,8 @@ def test_a_completion_accepts_a_string_a_one_string_list_or_token_ids():
         ({"model": "m", "messages": ["hi"]}, "messages[0]", "invalid_type"),
         ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages[0].content", "invalid_type"),
         (
-            {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-            "messages[0].content",
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+            "messages[0].content[0]",
             "unsupported_content",
         ),
         ({"model": "m", "messages": MESSAGES, "temperature": True}, "temperature", "invalid_value"),
@@ -43,13 +43,8 @@ def test_a_completion_accepts_a_string_a_one_string_list_or_token_ids():
         ({"model": "m", "messages": MESSAGES, "max_tokens": 1.5}, "max_tokens", "invalid_value"),
         ({"model": "m", "messages": MESSAGES, "seed": "1"}, "seed", "invalid_value"),
         ({"model": "m", "messages": MESSAGES, "stop": [""]}, "stop", "invalid_value"),
-        ({"model": "m", "messages": MESSAGES, "n": 3}, "n", "unsupported_value"),
-        ({"model": "m", "messages": MESSAGES, "logprobs": True}, "logprobs", "unsupported_parameter"),
-        (
-            {"model": "m", "messages": MESSAGES, "response_format": {"type": "json_object"}},
-            "response_format",
-            "unsupported_parameter",
-        ),
+        ({"model": "m", "messages": MESSAGES, "n": 9}, "n", "invalid_value"),
+        ({"model": "m", "messages": MESSAGES, "audio": {}}, "audio", "unsupported_parameter"),
         ({"model": "m", "messages": MESSAGES, "prompt": "x"}, "prompt", "unknown_parameter"),
         ({"model": "m", "messages": MESSAGES, "stream": "yes"}, "stream", "invalid_type"),
         (

@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,13 +12,7 @@ import psycopg
 import pytest
 import redis
 
-from deploy.local.services import REPO_ROOT, ensure_services, stop_services
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+from deploy.local.services import REPO_ROOT, ensure_services, port_open, stop_services
 
 
 @pytest.fixture
@@ -92,8 +85,8 @@ def test_without_urls_it_starts_embedded_servers_reuses_them_and_keeps_their_dat
         assert dict(again) == dict(services)
         assert again.started == []
 
-    assert not _port_open(pg_port)
-    assert not _port_open(redis_port)
+    assert not port_open(pg_port)
+    assert not port_open(redis_port)
 
     with ensure_services(state_dir) as restarted:
         assert [server.name for server in restarted.started] == ["postgres", "redis"]

@@ -7,7 +7,6 @@ import re
 import runpy
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,21 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from deploy.local.launcher import free_port, port_open
 from deploy.local.services import REPO_ROOT, stop_services
 
 GUNICORN_CONF = REPO_ROOT / "deploy" / "gunicorn.conf.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_the_gunicorn_config_reads_its_settings_from_the_environment(monkeypatch):
@@ -129,7 +117,7 @@ def state_dir():
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_make_up_serves_a_chat_completion_and_stops_everything_on_ctrl_c(state_dir):
-    port = _free_port()
+    port = free_port()
     up = _Up(state_dir, port)
     try:
         up.read_until("Ctrl-C stops everything", timeout=480)
@@ -169,6 +157,6 @@ def test_make_up_serves_a_chat_completion_and_stops_everything_on_ctrl_c(state_d
 
     assert code == 0, "".join(up.output)
     assert "stopping postgres, redis" in "".join(up.output)
-    assert not _port_open(port)
+    assert not port_open(port)
     assert stop_services(state_dir) == []  # the embedded servers it started are stopped too
     assert not (state_dir / "up.json").exists()

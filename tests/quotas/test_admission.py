@@ -8,7 +8,7 @@ import pytest
 
 from ledger.models import UsageRecord
 from ledger.services import ledger_flush
-from quotas.admission import Admitted, QuotaExceeded, quota_check, quota_settle, resv_key, tenant_scope
+from quotas.admission import Admitted, QuotaExceeded, quota_admit, quota_settle, resv_key, tenant_scope
 from quotas.limits import Period, limits_for
 from quotas.services import key_quota_set, plan_create, tenant_quota_set
 from tenants.services import apikey_create
@@ -79,8 +79,8 @@ def test_a_check_decides_as_admission_does_and_reserves_nothing(alice, redis_cli
     limits = limits_for(tenant_id=tenant.id, key_id=key_id)
 
     def check():
-        quota_check(tenant_id=tenant.id, key_id=key_id, limits=limits, prompt_tokens=PROMPT, max_tokens=MAX_TOKENS,
-                    implicit_max_tokens=False)  # fmt: skip
+        quota_admit(request_id="check", tenant_id=tenant.id, key_id=key_id, limits=limits, prompt_tokens=PROMPT,
+                    max_tokens=MAX_TOKENS, implicit_max_tokens=False, check_only=True)  # fmt: skip
 
     for _ in range(3):
         check()  # nothing reserved: the one slot is still free

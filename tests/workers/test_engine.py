@@ -5,6 +5,7 @@ deterministic, so outputs can be compared exactly.
 """
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -223,7 +224,7 @@ def test_a_cache_salt_does_not_change_the_output(engine_host, chat_prompt_ids):
 @pytest.mark.parametrize(
     ("prompt", "params", "message"),
     [
-        ([2, 4, 5], {"max_tokens": 4, "logit_bias": {}}, "unknown request parameter"),
+        ([2, 4, 5], {"max_tokens": 4, "best_of": 2}, "unknown request parameter"),
         ([2, 4, 5], {"max_tokens": 0}, "max_tokens"),
         ([2, 4, 5], {"temperature": -1}, "temperature"),
         ([], {"max_tokens": 4}, "no tokens"),
@@ -233,6 +234,21 @@ def test_a_cache_salt_does_not_change_the_output(engine_host, chat_prompt_ids):
 def test_bad_requests_are_rejected_before_submission(engine_host, prompt, params, message):
     with pytest.raises(RequestRejected, match=message):
         engine_host.stream(_rid(), prompt, params)
+
+
+def test_a_schema_the_grammar_compiler_refuses_ends_the_request_as_rejected(engine_host):
+    params = {"max_tokens": 4, "structured_outputs": {"json": {"type": "nonsense"}}}
+    with pytest.raises(RequestRejected, match="nonsense"):
+        list(engine_host.stream(_rid(), [2, 4, 5], params))
+
+
+def test_structured_outputs_make_even_a_random_model_write_json(engine_host, chat_prompt_ids):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}  # fmt: skip
+    chunks = _collect(engine_host, chat_prompt_ids, {"temperature": 0.0, "max_tokens": 32,
+                                                     "structured_outputs": {"json": schema}})  # fmt: skip
+    text = "".join(chunk.text for chunk in chunks)
+    assert chunks[-1].finish_reason == "stop" and isinstance(json.loads(text)["ok"], bool)
 
 
 def test_a_prompt_longer_than_the_context_is_rejected(engine_host):

@@ -7,6 +7,7 @@ a worker with default settings never runs out of Redis connections.
 """
 
 import asyncio
+import json
 import os
 import threading
 import uuid
@@ -134,10 +135,26 @@ def test_a_request_the_engine_refuses_still_ends_with_an_error_and_its_usage(rel
 
     events = _events(redis_client, request.request_id)
     assert [event["t"] for event in events] == ["start", "error", "done"]
-    assert events[1]["c"] == "engine_error" and "temperature" in events[1]["m"]
+    # The engine refused the client's parameters: the gateway answers 400, not a server error.
+    assert events[1]["c"] == "request_rejected" and "temperature" in events[1]["m"]
     usage = Usage.loads(events[-1]["u"])
     assert (usage.status, usage.completion_tokens) == ("error", 0)
     assert redis_client.hexists(protocol.LEDGER_PENDING, request.request_id)
+
+
+def test_an_input_with_fields_this_version_does_not_know_ends_at_once_as_a_server_error(
+    relay, chat_prompt_ids, redis_client
+):
+    """A newer gateway's input during a rolling upgrade: refused now (the client may retry), not run
+    without what the new fields ask for, and not left to the gateway's start timeout."""
+    stored = json.loads(_request(chat_prompt_ids, 8).dumps())
+    request = RequestInput.loads(json.dumps({**stored, "a_future_option": 1}))
+    relay.run(request).result(timeout=60)
+
+    events = _events(redis_client, request.request_id)
+    assert [event["t"] for event in events] == ["start", "error", "done"]
+    assert events[1]["c"] == "engine_error" and "a_future_option" in events[1]["m"]
+    assert Usage.loads(events[-1]["u"]).completion_tokens == 0
 
 
 def test_a_burst_on_a_worker_with_default_settings_never_runs_out_of_redis_connections(
@@ -171,3 +188,36 @@ def test_a_burst_on_a_worker_with_default_settings_never_runs_out_of_redis_conne
     for request in requests:
         usage = Usage.loads(pending[request.request_id])
         assert (usage.status, usage.completion_tokens, usage.worker) == ("ok", 4, runtime.name)
+
+
+def test_each_of_n_choices_is_relayed_with_its_index_logprobs_and_finish_reason(relay, chat_prompt_ids, redis_client):
+    request = _request(chat_prompt_ids, 6, n=3, logprobs=2, temperature=1.0, seed=3)
+    relay.run(request).result(timeout=60)
+
+    events = _events(redis_client, request.request_id)
+    usage = _check_stream(events)
+    deltas = [event for event in events if event["t"] == "delta"]
+    assert {int(event["i"]) for event in deltas} == {0, 1, 2}
+    for index in range(3):
+        mine = [event for event in deltas if int(event["i"]) == index]
+        logprobs = [entry for event in mine for entry in json.loads(event.get("l", "[]"))]
+        assert sum(int(event["n"]) for event in mine) == len(logprobs) == 6
+        assert all(len(top) == 2 and logprob <= 0 for _, logprob, top in logprobs)
+    assert usage.completion_tokens == 18
+    assert json.loads(events[-1]["c"]) == [{"finish_reason": "length"}] * 3
+
+
+def test_a_forced_tool_call_is_held_back_and_parsed_into_the_done_entry(relay, chat_prompt_ids, redis_client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    request = _request(chat_prompt_ids, 40, structured_outputs={"json": schema})
+    request.params.pop("ignore_eos")  # the grammar ends the output with the object
+    request.tool_mode, request.tool_name = "named", "check"
+    relay.run(request).result(timeout=60)
+
+    events = _events(redis_client, request.request_id)
+    usage = _check_stream(events)
+    assert "".join(event.get("x", "") for event in events) == ""  # no content: it is all the call
+    [end] = json.loads(events[-1]["c"])
+    assert end["finish_reason"] == "tool_calls" and usage.finish_reason == "stop"
+    [call] = end["tool_calls"]
+    assert call["name"] == "check" and isinstance(json.loads(call["arguments"])["ok"], bool)

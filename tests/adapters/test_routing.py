@@ -1,0 +1,127 @@
+"""A request for an adapter goes to a worker that holds it (its own queue), else to the pool's queue;
+what waits in a worker's own queue is the pool's demand too; a worker turns the request's adapter
+into the engine's LoRA request."""
+
+import time
+
+import pytest
+
+from adapters.store import FilesystemStore, adapter_digest
+from gateway import dispatch
+from gateway.pools import pool_demand
+from workers import protocol
+from workers.adapters import AdapterResolver, AdapterUnavailable, held_field
+from workers.engine import RequestRejected
+from workers.protocol import RequestInput
+
+POOL = "tiny"
+
+
+def _request(adapter_id: int = 0, digest: str = "") -> RequestInput:
+    return RequestInput(request_id="chatcmpl-1", model="tiny-gemma4:ft", prompt_token_ids=[2, 3], params={},
+                        tenant_id=1, key_id=1, enqueued_at=time.time(), adapter_id=adapter_id,
+                        adapter_digest=digest)  # fmt: skip
+
+
+def _worker(redis_client, name: str, *, adapters: set[int], in_flight: int = 0, slots: int = 4, state="ready"):
+    redis_client.zadd(protocol.pool_workers_key(POOL), {name: time.time()})
+    record = {"pool": POOL, "state": state, "in_flight": in_flight, "slots": slots, "adapters": held_field(adapters)}
+    redis_client.hset(protocol.worker_key(name), mapping=record)
+
+
+def test_a_request_goes_to_the_least_busy_ready_worker_holding_its_adapter(redis_client):
+    _worker(redis_client, "w1#a", adapters={5, 7}, in_flight=3)
+    _worker(redis_client, "w2#b", adapters={5}, in_flight=1)
+    _worker(redis_client, "w3#c", adapters={9}, in_flight=0)
+    _worker(redis_client, "w4#d", adapters={5}, in_flight=0, state="draining")
+    assert dispatch._adapter_holder(_request(5), POOL) == "w2#b"
+    assert dispatch._adapter_holder(_request(7), POOL) == "w1#a"
+
+
+def test_without_a_holder_with_a_free_slot_the_pools_queue_takes_it(redis_client):
+    _worker(redis_client, "w1#a", adapters={5}, in_flight=4, slots=4)
+    assert dispatch._adapter_holder(_request(5), POOL) is None  # its only holder is full
+    assert dispatch._adapter_holder(_request(6), POOL) is None  # held by none
+    assert dispatch._adapter_holder(_request(0), POOL) is None  # the base model
+
+
+@pytest.mark.django_db
+def test_requests_in_a_workers_own_queue_count_as_pool_demand(redis_client):
+    _worker(redis_client, "w1#a", adapters={5})
+    redis_client.lpush(protocol.queue_name(POOL), "{}")
+    redis_client.lpush(protocol.worker_queue_name("w1#a"), "{}", "{}")
+    assert pool_demand(POOL).queue_depth == 3
+
+
+class _Engine:
+    """Records the adapters loaded through ``load_adapter``; refuses those named in ``refuse``."""
+
+    def __init__(self, refuse=()):
+        self.loaded, self.refuse = [], set(refuse)
+
+    async def load_adapter(self, lora):
+        if lora.lora_int_id in self.refuse:
+            raise RequestRejected("the adapter could not be loaded: bad file")
+        self.loaded.append(lora.lora_int_id)
+
+
+def test_a_worker_loads_the_adapter_once_from_its_own_copy_under_its_stable_id(tmp_path):
+    import asyncio
+
+    store = FilesystemStore(tmp_path / "store")
+    files = {"adapter_config.json": b"{}", "adapter_model.safetensors": b"weights"}
+    digest = adapter_digest(files)
+    store.put(digest, files)
+    resolver, engine = AdapterResolver(store, cache_dir=tmp_path / "cache"), _Engine()
+    (tmp_path / "cache").mkdir()
+
+    lora = asyncio.run(resolver.lora_request(_request(42, digest), engine))
+    assert (lora.lora_int_id, lora.lora_name) == (42, "adapter-42")
+    assert (
+        lora.lora_path == str(tmp_path / "cache" / digest)
+        and (tmp_path / "cache" / digest / "adapter_model.safetensors").read_bytes() == b"weights"
+    )
+    store.delete(digest)  # deleted meanwhile: the engine can still load again what it loaded once
+    assert asyncio.run(resolver.lora_request(_request(42, digest), engine)).lora_path == lora.lora_path
+    assert engine.loaded == [42]
+
+
+def test_an_adapter_gone_from_the_store_or_refused_by_the_engine_fails_its_request_only(tmp_path):
+    import asyncio
+
+    store = FilesystemStore(tmp_path / "store")
+    (tmp_path / "cache").mkdir()
+    resolver = AdapterResolver(store, cache_dir=tmp_path / "cache")
+    with pytest.raises(AdapterUnavailable):
+        asyncio.run(resolver.lora_request(_request(42, "ab" * 32), _Engine()))
+    files = {"adapter_config.json": b"{}", "adapter_model.safetensors": b"other"}
+    store.put(adapter_digest(files), files)
+    with pytest.raises(RequestRejected):
+        asyncio.run(resolver.lora_request(_request(43, adapter_digest(files)), _Engine(refuse={43})))
+
+
+def test_the_request_input_carries_the_adapter():
+    raw = _request(42, "ab" * 32).dumps()
+    assert (RequestInput.loads(raw).adapter_id, RequestInput.loads(raw).adapter_digest) == (42, "ab" * 32)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_waiting_for_a_holder_that_died_is_taken_back_at_once(redis_client):
+    import asyncio
+
+    from catalog.models import ServedModel
+
+    _worker(redis_client, "w1#a", adapters=set())  # the pool has another ready worker
+    request = _request(5, "ab" * 32)
+    request.routed_to = "w9#gone"  # its holder stopped heartbeating
+    redis_client.set(protocol.input_key(request.request_id), request.dumps())
+    model = ServedModel(model_id="tiny-gemma4", path="/m", pool=POOL, context_length=2048)
+    progress = dispatch._Progress(queue_deadline=time.monotonic() + 300)
+
+    failure = asyncio.run(dispatch._check_unstarted(request, model, progress))
+    assert failure is not None and failure.code == "no_worker_available"
+    assert not redis_client.exists(protocol.input_key(request.request_id))
+
+    request.routed_to, request.request_id = "w1#a", "chatcmpl-2"  # a live holder: it keeps waiting
+    redis_client.set(protocol.input_key(request.request_id), request.dumps())
+    assert asyncio.run(dispatch._check_unstarted(request, model, progress)) is None
