@@ -4,11 +4,14 @@ ledger exactly once, and its quota reservation is released.
 
 The window is hit by state, not by timing: the worker runs `tests.e2e.held_claims`, which claims
 requests and announces each claim, then holds it; the test kills the worker once the claim is
-announced.
+announced. The same holds when the worker comes back at once under its old name (`held@<host>`, as
+a restarted pod or `make up` would): its new process has a new identity, so it does not keep the
+old process's request alive.
 """
 
 import json
 import signal
+import time
 
 import httpx
 import pytest
@@ -25,13 +28,21 @@ HELD_MODEL = "tiny-held"
 
 
 def test_a_worker_killed_after_claiming_a_request_ends_it_as_worker_lost_once(tiny_stack, make_tenant):
+    _claimed_then_killed(tiny_stack, make_tenant, "alice", restarted=False)
+
+
+def test_a_worker_back_under_its_old_name_does_not_keep_the_lost_request_alive(tiny_stack, make_tenant):
+    _claimed_then_killed(tiny_stack, make_tenant, "bob", restarted=True)
+
+
+def _claimed_then_killed(tiny_stack, make_tenant, tenant: str, *, restarted: bool) -> None:
     from ledger.models import UsageRecord
 
     stack = tiny_stack
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
     stack.register_model(HELD_MODEL, pool=HELD_POOL)
-    _, key = make_tenant("alice")
-    stack.manage("setquota", "alice", "--concurrency", "1")  # a leaked reservation refuses the next request
+    _, key = make_tenant(tenant)
+    stack.manage("setquota", tenant, "--concurrency", "1")  # a leaked reservation refuses the next request
     headers = {"Authorization": f"Bearer {key}"}
     stack.start_worker(name="held", pool=HELD_POOL, concurrency=2, app="tests.e2e.held_claims")
     try:
@@ -47,6 +58,13 @@ def test_a_worker_killed_after_claiming_a_request_ends_it_as_worker_lost_once(ti
             assert claimer and claimer.startswith("held@"), claimer
             assert not client.exists(protocol.events_key(request_id)), "the held request started"
             stack.stop("worker-held", sig=signal.SIGKILL)
+            if restarted:
+                # Back at once under the same node name, heartbeating before the old beat goes stale.
+                stack.start_worker(name="held", pool=HELD_POOL, concurrency=2, app="tests.e2e.held_claims")
+                node = claimer.split("#")[0]
+                wait_until(  # the same node name heartbeats again, under another identity
+                    lambda: node in _heartbeating_nodes(stack, exclude=claimer), "the worker never came back", 600
+                )
             events = [line[6:] for line in lines if line.startswith("data: ")]
     finally:
         if "worker-held" in stack.procs:
@@ -68,3 +86,10 @@ def test_a_worker_killed_after_claiming_a_request_ends_it_as_worker_lost_once(ti
     after = httpx.post(f"{stack.base_url}/v1/completions", headers=headers, timeout=120,
                        json={"model": "tiny-gemma4", "prompt": "Hi", "max_tokens": 4})  # fmt: skip
     assert after.status_code == 200, after.text
+
+
+def _heartbeating_nodes(stack, *, exclude: str) -> set[str]:
+    """The node names of the held pool's workers that heartbeat now, but for identity `exclude`."""
+    client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    fresh = protocol.fresh_workers(client, HELD_POOL, since=time.time() - 30)
+    return {identity.split("#")[0] for identity in fresh if identity != exclude}
