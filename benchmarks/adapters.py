@@ -125,6 +125,7 @@ async def measure(engine_args: dict, args, adapter_dirs: list[Path], counts: lis
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("ENGINE_LORA", "1")  # the profile's LoRA settings, as an adapter-serving worker runs
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default=os.environ.get("ENGINE_PROFILE", "cpu"))
     parser.add_argument("--model", required=True, help="model folder with safetensors weights")

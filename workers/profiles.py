@@ -33,10 +33,8 @@ class EngineProfile:
     engine_args: Mapping[str, Any]
     env: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
-    # Tenants' LoRA adapters: the engine arguments that turn them on, added when ENGINE_LORA is true
-    # (default `lora_by_default`).
+    # Tenants' LoRA adapters: the engine arguments that turn them on, added when ENGINE_LORA is true.
     lora_args: Mapping[str, Any] = field(default_factory=dict)
-    lora_by_default: bool = False
 
     def __post_init__(self) -> None:
         # Read-only views, so a caller cannot change a shared profile by accident.
@@ -72,9 +70,9 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 "enable_prefix_caching": True,
                 "disable_log_stats": True,
             },
+            # Off by default: on this CPU build a LoRA-enabled engine served base requests ~40% slower
+            # (docs/benchmarks.md, 2026-12-01); ENGINE_LORA=1 for a worker that serves adapters.
             lora_args=LORA_ARGS,
-            # On the CPU a LoRA-enabled engine measured no slower on base requests (docs/benchmarks.md).
-            lora_by_default=True,
             env={
                 # GiB of RAM for the KV cache; without it the CPU backend reserves most of RAM.
                 "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -205,7 +203,7 @@ def engine_args_for(profile_name: str, model_path: str, **overrides: Any) -> dic
         args["model"] = str(model_path)
     if "model" not in args:
         raise ValueError(f"engine profile {profile.name!r} names no model; pass model_path")
-    if env_bool("ENGINE_LORA", profile.lora_by_default):
+    if env_bool("ENGINE_LORA", False):
         args.update(profile.lora_args)
     if profile.name == "cpu":
         args["enforce_eager"] = env_bool("ENGINE_ENFORCE_EAGER", bool(args.get("enforce_eager", True)))

@@ -40,7 +40,9 @@ from django.conf import settings  # noqa: E402
 from config.middleware import RequestBodyLimit  # noqa: E402
 
 application = RequestBodyLimit(
-    PlatformASGIHandler(), limit=settings.MAX_REQUEST_BYTES, drain_limit=8 * settings.MAX_REQUEST_BYTES,
+    PlatformASGIHandler(),
+    limit=settings.MAX_REQUEST_BYTES,
+    drain_limit=8 * settings.MAX_REQUEST_BYTES,
     # An adapter upload (multipart: files go to disk, not memory) may be as large as ADAPTER_MAX_BYTES.
     larger=((r"^/api/v1/tenants/[^/]+/adapters/$", settings.ADAPTER_MAX_BYTES + 65536),),
 )

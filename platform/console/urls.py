@@ -25,7 +25,8 @@ urlpatterns = [
     path("tenants/<slug:tenant_name>/invoices/<str:number>/", views.invoice_detail, name="invoice_detail"),
     path("tenants/<slug:tenant_name>/adapters/", adapter_views.tenant_adapters, name="tenant_adapters"),
     path(
-        "tenants/<slug:tenant_name>/adapters/<int:adapter_id>/delete/", adapter_views.adapter_remove,
+        "tenants/<slug:tenant_name>/adapters/<int:adapter_id>/delete/",
+        adapter_views.adapter_remove,
         name="adapter_remove",
     ),  # fmt: skip
     path("plans/", views.plan_list, name="plans"),

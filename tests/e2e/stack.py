@@ -90,6 +90,7 @@ class Stack:
             MODEL_PATH=model_path or str(self.model_dir),
             WORKER_POOL=pool,
             ENGINE_PROFILE="cpu",
+            ENGINE_LORA="1",  # serves tenants' adapters (tests/e2e/test_adapters.py)
             POD_NAME=f"{name}-pod",
         )
 
