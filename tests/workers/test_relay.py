@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -102,7 +103,9 @@ def test_requests_in_flight_are_relayed_from_the_engine_loop_several_per_write(
     loop_thread = engine_host._thread.ident
     assert {thread for thread, _ in relay.client.pipelines} == {loop_thread}
     assert max(len(keys) for _, keys in relay.client.pipelines) >= 2  # requests share writes
-    assert len(relay.client.pipelines) == relay.flushes
+    # One pipeline per flush (a flush retried through a Redis stall runs its pipeline again), far
+    # fewer than the requests' events.
+    assert relay.flushes <= len(relay.client.pipelines) < 24 * 48
     pending = redis_client.hgetall(protocol.LEDGER_PENDING)
     for request in requests:
         events = _events(redis_client, request.request_id)
@@ -119,8 +122,10 @@ def test_a_cancelled_request_stops_and_is_billed_for_what_it_generated(relay, ch
     future = relay.run(request)
     key = protocol.events_key(request.request_id)
     # The first delta is in Redis: the request is generating. Then the gateway sets the cancel key.
+    deadline = time.monotonic() + 120
     while not any(fields["t"] == "delta" for _, fields in redis_client.xrange(key)):
-        assert redis_client.xread({key: "0-0"}, block=60_000) is not None, "no event in 60 s"
+        assert time.monotonic() < deadline, "no delta in 120 s"
+        redis_client.xread({key: "0-0"}, block=1000)  # within the client's socket timeout
     redis_client.set(protocol.cancel_key(request.request_id), 1)
     future.result(timeout=120)
 
