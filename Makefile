@@ -75,8 +75,9 @@ test-deps: venv ## install what the browser tests need (Debian chromium) when po
 test: test-deps ## run the whole test suite (embedded PostgreSQL/Redis unless DATABASE_URL/REDIS_URL are set)
 	$(PY) -m deploy.local.services --run -- $(PY) -m pytest $(PYTEST_ARGS)
 
-lint: venv ## ruff
+lint: venv ## ruff, then mypy on core and the domain apps (pyproject.toml [tool.mypy])
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 
 bench: venv ## run the benchmarks (python -m benchmarks.run)
 	$(PY) -m benchmarks.run $(BENCH_ARGS)

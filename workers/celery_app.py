@@ -15,7 +15,7 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-app = Celery("gemma_platform", include=["workers.tasks", "quotas.tasks", "billing.tasks"])
+app = Celery("gemma_platform", include=["workers.tasks", "ledger.tasks", "quotas.tasks", "billing.tasks"])
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
     task_acks_late=False,

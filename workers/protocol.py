@@ -24,12 +24,17 @@ start, `worker_identity`: a worker restarted under the same node name is a new w
 requests its previous process claimed or started are lost, not taken for its own):
   pool:<pool>:workers  sorted set worker identity -> last heartbeat (unix seconds)
   worker:<identity>    hash: node, pool, pod, model, state (starting|ready|draining|stopped), in_flight,
-                       slots, tps, updated, adapters (comma-separated ids of the LoRA adapters its
-                       engine holds)
+                       slots, tps, updated, lora ("1" when its engine runs LoRA adapters,
+                       ENGINE_LORA; absent or "0": it refuses requests with one), adapters
+                       (comma-separated ids of the LoRA adapters its engine holds)
 Queues: pool.<pool> (every worker of the pool) and worker.<identity> (that worker only: a request for
-an adapter it holds, gateway/dispatch.py).
+an adapter it holds, or one it can run where not every worker of the pool runs LoRA, gateway/dispatch.py).
   pool:<pool>:drain    set of pod names asked to drain
   pool:<pool>:waiting  count of requests held at a gateway waiting for a worker (scale from zero)
+Adapters:
+  adapters:deleted     sorted set adapter id -> when it was deleted (unix seconds; entries kept a
+                       day): a worker whose engine loaded one of them unloads it and refuses requests
+                       naming it (workers/adapters.py)
 """
 
 import json
@@ -86,6 +91,15 @@ def fresh_workers(client, pool: str, since: float) -> dict[str, dict]:
         pipe.hgetall(worker_key(name))
     records = pipe.execute() if scored else []
     return {name: {**record, "seen": seen} for (name, seen), record in zip(scored, records, strict=True)}
+
+
+ADAPTERS_DELETED = "adapters:deleted"
+ADAPTERS_DELETED_KEEP_SECONDS = 86400
+
+
+def runs_lora(record: dict) -> bool:
+    """Whether a worker's heartbeat record says its engine runs LoRA adapters (the `lora` field)."""
+    return record.get("lora") == "1"
 
 
 def worker_identity(node: str) -> str:

@@ -180,6 +180,7 @@ class WorkerRuntime:
             try:
                 self._beat()
                 self._follow_drain_request()
+                self.relay.adapters.forget_deleted(self.redis, self.engine)
             except redis.RedisError:
                 log.warning("heartbeat: Redis unavailable", exc_info=True)
 
@@ -203,6 +204,7 @@ class WorkerRuntime:
                 "in_flight": self._in_flight,
                 "slots": self.slots,
                 "tps": self._tokens_per_second(),
+                "lora": int(bool(self.engine.engine_args.get("enable_lora"))),
                 "adapters": self._held_adapters(),
                 "updated": now,
             },

@@ -14,11 +14,3 @@ def generate(request_id: str) -> None:
     from workers.serving import runtime
 
     runtime().run_request(request_id)
-
-
-@app.task(name="ledger.flush", ignore_result=True)
-def ledger_flush() -> int:
-    """Drain buffered usage from Redis into the PostgreSQL ledger (idempotent)."""
-    from ledger.services import ledger_flush as flush
-
-    return flush()

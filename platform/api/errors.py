@@ -1,5 +1,7 @@
 """One exception handler for the management API: every error in OpenAI's shape,
-{"error": {"message", "type", "param", "code"}}; a validation error names the offending field."""
+{"error": {"message", "type", "param", "code"}}; a validation error names the offending field.
+The application's errors (core/errors.py), which the domain services raise, keep their status,
+message, param, code and headers; their `type` is this API's for the status."""
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
@@ -8,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from config.database import OUTAGE_ERRORS, DatabaseUnavailable
+from core.errors import AppError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -51,6 +54,10 @@ class DatabaseDown(exceptions.APIException):
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, AppError):
+        set_rollback()
+        body = error_body(exc.message, exc.status, param=exc.param, code=exc.code)
+        return Response(body, status=exc.status, headers=dict(exc.headers))
     if isinstance(exc, (DatabaseUnavailable, *OUTAGE_ERRORS)):
         exc = DatabaseDown()
         exc.wait = 5

@@ -5,7 +5,6 @@ validate input with strict serializers and call the services of the apps that ow
 import datetime as dt
 
 from django.db import transaction
-from django.db.models import Sum
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -19,10 +18,11 @@ from api import serializers as s
 from api.errors import Conflict, exception_handler
 from api.parsers import StrictJSONParser
 from api.permissions import OperatorOrTenantAdmin, is_operator, tenants_visible
-from billing.models import Invoice, UsageRollup
-from billing.selectors import throughput
+from billing.models import Invoice
+from billing.selectors import USAGE_MEASURES, throughput, usage_totals
 from billing.services import invoice_as_csv, invoice_build, invoice_close
-from quotas.limits import Period, limits_for
+from core.periods import Period
+from quotas.limits import limits_for
 from quotas.models import KeyQuota, Plan
 from quotas.services import CLEAR, key_quota_set, plan_create, plan_update, tenant_quota_get, tenant_quota_set
 from tenants.models import ApiKey
@@ -198,10 +198,7 @@ class KeyRotateView(ManagementView):
     def post(self, request, tenant: str, prefix: str):
         api_key = self.api_key(self.tenant(tenant), prefix)
         data = self.valid(s.KeyRotateInput, request.data)
-        try:
-            new_key, plaintext = apikey_rotate(api_key=api_key, grace_seconds=data["grace_seconds"])
-        except ValueError as exc:
-            raise Conflict(str(exc)) from None
+        new_key, plaintext = apikey_rotate(api_key=api_key, grace_seconds=data["grace_seconds"])
         new_key.key = plaintext
         body = s.KeyCreatedOutput(new_key).data
         body["replaces"] = {"prefix": api_key.prefix, "revoked_at": api_key.revoked_at}
@@ -237,9 +234,6 @@ def _usage_range(query: dict) -> tuple[dt.datetime, dt.datetime]:
     return query.get("start", current.start), query.get("end", current.end)
 
 
-_MEASURES = ["requests", "failed_requests", "prompt_tokens", "completion_tokens", "decode_tokens", "decode_ms"]
-
-
 class UsageView(ManagementView):
     @extend_schema(
         parameters=[s.UsageQuery],
@@ -251,20 +245,18 @@ class UsageView(ManagementView):
         query = self.valid(s.UsageQuery, request.query_params.dict())
         start, end = _usage_range(query)
         granularity = query["granularity"]
-        rows = UsageRollup.objects.filter(
-            tenant=found, granularity="day" if granularity == "day" else "hour", bucket_start__gte=start,
-            bucket_start__lt=end,
-        )  # fmt: skip
-        if query.get("model"):
-            rows = rows.filter(model=query["model"])
-        if query.get("key"):
-            rows = rows.filter(api_key=self.api_key(found, query["key"]))
-        group = [] if granularity == "total" else ["bucket_start"]
-        step = {"hour": 3600, "day": 86400}.get(granularity, (end - start).total_seconds())
-        data = []
-        for bucket in rows.order_by().values(*group).annotate(**{m: Sum(m) for m in _MEASURES}).order_by(*group):
-            data.append(_usage_bucket(bucket, step))
-        totals = rows.aggregate(**{m: Sum(m) for m in _MEASURES})
+        scope = {
+            "granularity": "day" if granularity == "day" else "hour", "start": start, "end": end,
+            "tenant_id": found.id, "model": query.get("model") or "",
+            "api_key_id": self.api_key(found, query["key"]).id if query.get("key") else None,
+        }  # fmt: skip
+        (totals,) = usage_totals(**scope)
+        if granularity == "total":  # one bucket, the whole range (none when it holds no usage)
+            whole = _usage_bucket({**totals, "bucket": start}, (end - start).total_seconds())
+            data = [whole] if totals["requests"] else []
+        else:
+            step = {"hour": 3600, "day": 86400}[granularity]
+            data = [_usage_bucket(bucket, step) for bucket in usage_totals(**scope, group="bucket")]
         return Response({
             "tenant": found.name, "start": start, "end": end, "granularity": granularity,
             "model": query.get("model"), "key": query.get("key"), "data": data,
@@ -273,8 +265,8 @@ class UsageView(ManagementView):
 
 
 def _usage_bucket(bucket: dict, seconds: float) -> dict:
-    values = {m: int(bucket.get(m) or 0) for m in _MEASURES}
-    out = {"bucket_start": bucket.get("bucket_start")}
+    values = {m: int(bucket.get(m) or 0) for m in USAGE_MEASURES}
+    out = {"bucket_start": bucket.get("bucket")}
     out.update({m: values[m] for m in ("requests", "failed_requests", "prompt_tokens", "completion_tokens")})
     out.update(throughput(completion_tokens=values["completion_tokens"], decode_tokens=values["decode_tokens"],
                           decode_ms=values["decode_ms"], seconds=seconds))  # fmt: skip
@@ -326,8 +318,5 @@ class InvoiceCloseView(InvoiceDetailView):
     def post(self, request, tenant: str, number: str):
         invoice = self.invoice(tenant, number)
         self.require_operator()
-        try:
-            invoice = invoice_close(invoice=invoice)
-        except ValueError as exc:
-            raise Conflict(str(exc)) from None
+        invoice = invoice_close(invoice=invoice)
         return Response(s.InvoiceOutput(invoice).data)

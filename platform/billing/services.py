@@ -11,9 +11,10 @@ from django.utils import timezone
 from billing.models import Invoice, InvoiceLine, UsageRollup
 from billing.selectors import TRUNC, ledger_aggregates, ledger_rows
 from config.redis_client import get_redis
+from core.errors import Conflict
+from core.periods import Period
 from ledger.models import UsageRecord
 from ledger.services import ledger_flush, ledger_unwritten
-from quotas.limits import Period
 from quotas.models import Plan, TenantQuota
 from tenants.models import Tenant
 
@@ -25,10 +26,6 @@ _WATERMARK = "billing:rollup:watermark"
 _WATERMARK_SLACK = dt.timedelta(minutes=5)
 _FIRST_RUN_LOOKBACK = dt.timedelta(days=3)
 _STEP = {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1)}
-
-
-class InvoiceClosed(Exception):
-    """A closed invoice never changes."""
 
 
 # -- rollups -------------------------------------------------------------------------------------
@@ -139,13 +136,15 @@ def invoice_build(*, tenant: Tenant, period: Period) -> Invoice:
 
 @transaction.atomic
 def invoice_close(*, invoice: Invoice) -> Invoice:
-    """Recompute a last time and close: from then on the invoice never changes. The period must be over."""
+    """Recompute a last time and close: from then on the invoice never changes (`invoice_build` returns
+    it as it is). Conflict while its period is not over; closing a closed invoice returns it."""
     invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
     if invoice.status == Invoice.Status.CLOSED:
         return invoice
     if timezone.now() < invoice.period_end:
-        raise ValueError(
-            f"The period of {invoice.number} ends at {invoice.period_end.isoformat()}; it cannot close yet."
+        raise Conflict(
+            f"The period of {invoice.number} ends at {invoice.period_end.isoformat()}; it cannot close yet.",
+            code="conflict",
         )
     invoice = invoice_build(tenant=invoice.tenant, period=Period.containing(invoice.period_start))
     invoice.status, invoice.closed_at = Invoice.Status.CLOSED, timezone.now()

@@ -6,7 +6,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from billing.services import invoices_close_period, rollup_refresh
-from quotas.limits import Period
+from core.periods import Period
 
 
 @shared_task(name="billing.rollup", ignore_result=True)
@@ -19,7 +19,7 @@ def billing_rollup() -> int:
 def billing_close_invoices(grace_hours: int = 1) -> int:
     """Close last month's invoices once the month has been over for `grace_hours` (late ledger rows land first)."""
     now = timezone.now()
-    last_month = Period.containing(Period.current().start - dt.timedelta(days=1))
+    last_month = Period.current().previous()
     if now < last_month.end + dt.timedelta(hours=grace_hours):
         return 0
     return invoices_close_period(period=last_month)

@@ -16,7 +16,7 @@ import time
 from adapters.selectors import adapter_get, adapters_for
 from catalog.models import ServedModel
 from config.database import read_with_fallback
-from gateway.errors import NotFound
+from core.errors import NotFound
 from quotas.limits import Limits
 from tenants.services import KeyPrincipal
 
@@ -69,7 +69,7 @@ def served_models_for(*, principal: KeyPrincipal, limits: Limits) -> list[Served
     ]
     by_base: dict[str, list] = {}
     # While PostgreSQL is down the list goes on without the adapters (the base models are cached).
-    adapters = read_with_fallback(
+    adapters: list = read_with_fallback(
         lambda: adapters_for(tenant_id=principal.tenant_id, base_models=[m.model_id for m in bases]),
         list, what="the tenant's adapters",
     )  # fmt: skip

@@ -1,5 +1,5 @@
 """The bearer credential of a request: every face (the OpenAI API, the management API, the operator
-endpoints, the console's refusal log) reads the Authorization header through this one function."""
+endpoints) reads the Authorization header through this one function."""
 
 
 def bearer_token(request) -> str | None:

@@ -1,14 +1,14 @@
 """Every read the console makes, in one place (HackSoft-style selectors).
 
 Usage numbers are aggregated in PostgreSQL, always over a bounded window, and no raw ledger row is
-loaded into Python: totals per hour or day come from billing's rollups (UsageRollup), minute buckets
-and latency percentiles (`percentile_cont`) from indexed range scans of the ledger.
+loaded into Python: totals come from billing's one usage aggregation (`billing.selectors.usage_totals`:
+rollups per hour or day, the ledger for minute buckets), latency percentiles (`percentile_cont`) from
+indexed range scans of the ledger.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass, field
 
 import redis
@@ -18,17 +18,17 @@ from django.http import Http404
 from django.utils import timezone
 
 from billing.models import Invoice, UsageRollup
-from billing.selectors import ledger_aggregates
+from billing.selectors import usage_totals
 from catalog.models import ServedModel
 from config.redis_client import get_redis
-from console.services import throttle_events_key
+from core.periods import Period, truncate
 from gateway.pools import PoolDemand, pool_demand
 from ledger.models import UsageRecord
 from ledger.services import LEDGER_REJECTED
 from quotas.admission import LIMIT_NAMES
-from quotas.limits import Period as BillingPeriod
 from quotas.limits import limits_for
 from quotas.models import KeyQuota, LimitFields, Plan, TenantQuota
+from quotas.refusals import refusals_recent
 from tenants.models import ApiKey, Tenant
 from workers.protocol import Usage
 
@@ -52,15 +52,17 @@ class PercentileCont(Aggregate):
 
 
 @dataclass(frozen=True)
-class Period:
+class UsageWindow:
+    """What a usage chart covers: the last `buckets` buckets of one `bucket` unit, up to now."""
+
     key: str
     label: str
-    bucket: str  # a date_trunc kind
+    bucket: str  # a core.periods.truncate unit: minute, hour, day
     step: dt.timedelta
     buckets: int
 
     def starts(self, now: dt.datetime) -> list[dt.datetime]:
-        last = _truncate(now, self.bucket)
+        last = truncate(now, self.bucket)
         return [last - self.step * i for i in reversed(range(self.buckets))]
 
     def label_for(self, start: dt.datetime) -> str:
@@ -74,33 +76,24 @@ class Period:
 PERIODS = {
     p.key: p
     for p in (
-        Period("1h", "last hour", "minute", dt.timedelta(minutes=1), 60),
-        Period("24h", "last 24 hours", "hour", dt.timedelta(hours=1), 24),
-        Period("7d", "last 7 days", "hour", dt.timedelta(hours=1), 24 * 7),
-        Period("30d", "last 30 days", "day", dt.timedelta(days=1), 30),
+        UsageWindow("1h", "last hour", "minute", dt.timedelta(minutes=1), 60),
+        UsageWindow("24h", "last 24 hours", "hour", dt.timedelta(hours=1), 24),
+        UsageWindow("7d", "last 7 days", "hour", dt.timedelta(hours=1), 24 * 7),
+        UsageWindow("30d", "last 30 days", "day", dt.timedelta(days=1), 30),
     )
 }
 DEFAULT_PERIOD = "24h"
 
 
-def period_get(key: str | None) -> Period:
+def period_get(key: str | None) -> UsageWindow:
     return PERIODS.get(key or DEFAULT_PERIOD, PERIODS[DEFAULT_PERIOD])
-
-
-def _truncate(moment: dt.datetime, kind: str) -> dt.datetime:
-    moment = moment.astimezone(dt.UTC).replace(second=0, microsecond=0)
-    if kind in ("hour", "day"):
-        moment = moment.replace(minute=0)
-    if kind == "day":
-        moment = moment.replace(hour=0)
-    return moment
 
 
 # --- usage ------------------------------------------------------------------------------------
 #
-# Totals (requests, failures, tokens) come from billing's rollups for hour and day buckets, and from
-# the ledger only for the last hour's minute buckets. Rollups hold sums, not distributions, so the
-# latency percentiles are computed from the ledger over at most PERCENTILE_WINDOW.
+# Totals (requests, failures, tokens) come from `usage_totals`: billing's rollups for hour and day
+# buckets, the ledger only for the last hour's minute buckets. Rollups hold sums, not distributions,
+# so the latency percentiles are computed from the ledger over at most PERCENTILE_WINDOW.
 
 PERCENTILE_WINDOW = dt.timedelta(days=7)
 # Platform-wide pages sort every tenant's rows: a shorter window keeps them fast.
@@ -109,9 +102,6 @@ PERCENTILE_WINDOW_ALL_TENANTS = dt.timedelta(days=1)
 
 def _percentile_window(tenant: Tenant | None) -> dt.timedelta:
     return PERCENTILE_WINDOW if tenant is not None else PERCENTILE_WINDOW_ALL_TENANTS
-
-
-_TOTALS = ("requests", "failed_requests", "prompt_tokens", "completion_tokens", "decode_tokens", "decode_ms")
 
 
 def _percentile_aggregates() -> dict:
@@ -133,18 +123,15 @@ def _scoped(rows: QuerySet, *, tenant: Tenant | None, model: str) -> QuerySet:
     return rows
 
 
-def _totals(*, tenant: Tenant | None, model: str, period: Period, since: dt.datetime, group: str) -> list[dict]:
-    """Sums grouped by `group` ("bucket" or "model"): from the rollups, or the ledger for minute buckets."""
-    if period.bucket in ("hour", "day"):
-        rows = UsageRollup.objects.filter(granularity=period.bucket, bucket_start__gte=since).order_by()
-        rows = _scoped(rows, tenant=tenant, model=model).annotate(bucket=F("bucket_start"))
-        return list(rows.values(group).annotate(**{name: Sum(name) for name in _TOTALS}))
-    rows = _scoped(UsageRecord.objects.filter(finished_at__gte=since), tenant=tenant, model=model).order_by()
-    rows = rows.annotate(bucket=Trunc("finished_at", period.bucket, tzinfo=dt.UTC))
-    return list(ledger_aggregates(rows, group))
+def _totals(*, tenant: Tenant | None, model: str, period: UsageWindow, since: dt.datetime, group: str) -> list[dict]:
+    """Sums grouped by `group` ("bucket" or "model") since `since`."""
+    return usage_totals(
+        granularity=period.bucket, start=since, tenant_id=tenant.id if tenant is not None else None, model=model,
+        group=group,
+    )  # fmt: skip
 
 
-def _percentiles(*, tenant: Tenant | None, model: str, period: Period, since: dt.datetime, now, group: str):
+def _percentiles(*, tenant: Tenant | None, model: str, period: UsageWindow, since: dt.datetime, now, group: str):
     since = max(since, now - _percentile_window(tenant))
     rows = _scoped(UsageRecord.objects.filter(finished_at__gte=since), tenant=tenant, model=model).order_by()
     rows = rows.annotate(bucket=Trunc("finished_at", period.bucket, tzinfo=dt.UTC))
@@ -155,7 +142,7 @@ def _percentiles(*, tenant: Tenant | None, model: str, period: Period, since: dt
 class UsageSeries:
     """One chart's worth of data: a value per time bucket, zero-filled, oldest first."""
 
-    period: Period
+    period: UsageWindow
     labels: list[str] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)
     failed: list[int] = field(default_factory=list)
@@ -190,7 +177,7 @@ def _rounded(value: float | None, digits: int = 1) -> float | None:
 
 
 def usage_series(
-    *, tenant: Tenant | None, period: Period, model: str = "", now: dt.datetime | None = None
+    *, tenant: Tenant | None, period: UsageWindow, model: str = "", now: dt.datetime | None = None
 ) -> UsageSeries:
     """Tokens/s in and out, requests, failures and latency percentiles per time bucket."""
     now = now or timezone.now()
@@ -214,7 +201,7 @@ def usage_series(
     return series
 
 
-def usage_by_model(*, tenant: Tenant | None, period: Period, now: dt.datetime | None = None) -> list[dict]:
+def usage_by_model(*, tenant: Tenant | None, period: UsageWindow, now: dt.datetime | None = None) -> list[dict]:
     """Per model over the period: totals, failure rate, mean decode speed, TTFT and decode percentiles."""
     now = now or timezone.now()
     scope = {"tenant": tenant, "model": "", "period": period, "since": period.starts(now)[0], "group": "model"}
@@ -227,7 +214,7 @@ def usage_by_model(*, tenant: Tenant | None, period: Period, now: dt.datetime | 
     return rows
 
 
-def percentile_window_label(period: Period, *, tenant: Tenant | None) -> str:
+def percentile_window_label(period: UsageWindow, *, tenant: Tenant | None) -> str:
     """What the percentiles cover when the period is longer than their window ("" when it is not)."""
     window = _percentile_window(tenant)
     if period.step * period.buckets <= window:
@@ -313,7 +300,7 @@ def tenant_search(*, query: str = "") -> QuerySet:
 
 def tenant_page_stats(*, tenant_ids: list[int], now: dt.datetime | None = None) -> dict[int, dict]:
     """Active keys and the last 24 hours' usage (hourly rollups) of a page of tenants: two grouped queries."""
-    since = _truncate((now or timezone.now()) - dt.timedelta(hours=24), "hour")
+    since = truncate((now or timezone.now()) - dt.timedelta(hours=24), "hour")
     stats = {tid: {"active_keys": 0, "requests_24h": 0, "tokens_24h": 0} for tid in tenant_ids}
     keys = (
         ApiKey.objects.filter(tenant_id__in=tenant_ids, revoked_at__isnull=True)
@@ -371,7 +358,7 @@ class TenantLimits:
     overrides: dict[str, int | None]
     effective: dict[str, int | None]
     key_limits: list[tuple[ApiKey, dict[str, int | None]]]
-    period: BillingPeriod
+    period: Period
     used_tokens: int
 
     @property
@@ -415,9 +402,9 @@ def tenant_limits(*, tenant: Tenant) -> TenantLimits:
             "api_key"
         )
     ]
-    period = BillingPeriod.current()
+    period = Period.current()
     # Closed days from the daily rollups plus today from the ledger: bounded whatever the month's volume.
-    today = _truncate(timezone.now(), "day")
+    today = truncate(timezone.now(), "day")
     used = (
         UsageRollup.objects.filter(
             granularity="day", tenant=tenant, bucket_start__gte=period.start, bucket_start__lt=today
@@ -461,7 +448,6 @@ class ThrottleEvent:
     code: str
     message: str
     retry_after: int | None
-    path: str
 
     @property
     def limit_label(self) -> str:
@@ -469,14 +455,19 @@ class ThrottleEvent:
 
 
 def throttle_events(*, tenant: Tenant, limit: int = 100) -> list[ThrottleEvent]:
-    """The tenant's most recent 429s, newest first (see console.middleware)."""
-    raw = get_redis().lrange(throttle_events_key(tenant.id), 0, limit - 1)
-    events = []
-    for item in raw:
-        data = json.loads(item)
-        data["at"] = dt.datetime.fromtimestamp(data["at"], tz=dt.UTC)
-        events.append(ThrottleEvent(**data))
-    return events
+    """The tenant's most recent requests refused by a limit, newest first (recorded by admission:
+    quotas/refusals.py)."""
+    return [
+        ThrottleEvent(
+            at=_from_unix(refusal.at),
+            key=refusal.key_prefix,
+            limit=refusal.limit,
+            code=refusal.code,
+            message=refusal.message,
+            retry_after=refusal.retry_after,
+        )  # fmt: skip
+        for refusal in refusals_recent(tenant_id=tenant.id, count=limit)
+    ]
 
 
 def throttle_summary(events: list[ThrottleEvent]) -> list[tuple[str, int]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -76,35 +75,3 @@ def tenant_admin_create(*, tenant: Tenant, username: str, password: str, email: 
     user.save()
     TenantMembership.objects.create(user=user, tenant=tenant)
     return user
-
-
-# --- throttling events ("why was I throttled") ------------------------------------------------
-# The last THROTTLE_EVENTS_KEPT refusals of each tenant, newest first, in a capped Redis list: a
-# flood of 429s costs one pipelined LPUSH+LTRIM each and never reaches PostgreSQL.
-THROTTLE_EVENTS_KEPT = 200
-THROTTLE_EVENTS_TTL_SECONDS = 7 * 86400
-
-
-def throttle_events_key(tenant_id: int) -> str:
-    return f"console:throttled:{tenant_id}"
-
-
-def throttle_record(
-    *,
-    tenant_id: int,
-    key_prefix: str,
-    limit: str,
-    code: str,
-    message: str,
-    retry_after: int | None,
-    path: str,
-    at: float,
-) -> None:
-    event = {"at": at, "key": key_prefix, "limit": limit, "code": code, "message": message,
-             "retry_after": retry_after, "path": path}  # fmt: skip
-    key = throttle_events_key(tenant_id)
-    pipe = get_redis().pipeline(transaction=False)
-    pipe.lpush(key, json.dumps(event, separators=(",", ":")))
-    pipe.ltrim(key, 0, THROTTLE_EVENTS_KEPT - 1)
-    pipe.expire(key, THROTTLE_EVENTS_TTL_SECONDS)
-    pipe.execute()

@@ -35,7 +35,8 @@ from console.forms import (
 )
 from console.models import TenantMembership
 from console.signin import ConsoleLoginForm
-from quotas.limits import Period as BillingPeriod
+from core.errors import Conflict
+from core.periods import Period
 from quotas.models import KeyQuota, Plan
 from quotas.services import CLEAR, key_quota_set, plan_create, plan_update, tenant_quota_get, tenant_quota_set
 from tenants.services import apikey_create, apikey_revoke, apikey_rotate, tenant_create
@@ -229,8 +230,8 @@ def key_rotate(request, tenant, key_id: int):
     if request.method == "POST" and form.is_valid():
         try:
             new_key, plaintext = apikey_rotate(api_key=api_key, grace_seconds=form.cleaned_data["grace_seconds"])
-        except ValueError as exc:
-            messages.error(request, str(exc))
+        except Conflict as exc:
+            messages.error(request, exc.message)
             return redirect("console:tenant_keys", tenant_name=tenant.name)
         context = _tenant_context(request, tenant, "keys", api_key=new_key, plaintext=plaintext, replaced=api_key)
         response = render(request, "console/key_created.html", context)
@@ -273,13 +274,13 @@ def tenant_throttles(request, tenant):
 @tenant_required
 @require_http_methods(["GET", "POST"])
 def tenant_invoices(request, tenant):
-    form = InvoiceBuildForm(request.POST or None, initial={"period": BillingPeriod.current().id})
+    form = InvoiceBuildForm(request.POST or None, initial={"period": Period.current().id})
     if request.method == "POST":
         if not request.user.is_staff:
             raise Http404
         if form.is_valid():
             try:
-                period = BillingPeriod.parse(form.cleaned_data["period"])
+                period = Period.parse(form.cleaned_data["period"])
             except ValueError:
                 form.add_error("period", "Not a month: use YYYY-MM.")
             else:

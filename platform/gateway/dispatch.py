@@ -25,11 +25,15 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from catalog.models import ServedModel
+from catalog.readiness import heartbeat_cutoff as _heartbeat_cutoff
+from catalog.readiness import only_ready as _only_ready
+from catalog.readiness import ready_workers
+from catalog.readiness import state_reads as _state_reads
 from config.redis_client import REDIS_UNAVAILABLE, get_async_redis, get_redis
 from gateway.errors import ServiceUnavailable
 from gateway.offload import run_blocking
-from ledger.services import ledger_pending_put
-from ledger.writer import ledger_record
+from quotas.settlement import usage_buffer as ledger_pending_put
+from quotas.settlement import usage_record as ledger_record
 from workers import protocol
 from workers.celery_app import app as celery_app
 from workers.protocol import RequestInput, Usage
@@ -83,37 +87,6 @@ class _Progress:
             self.claim_seen_at = self.last_event
 
 
-def ready_workers(pool: str) -> list[str]:
-    """Names of the pool's workers that heartbeat recently and have a ready engine."""
-    redis = get_redis()
-    fresh = redis.zrangebyscore(protocol.pool_workers_key(pool), _heartbeat_cutoff(), "+inf")
-    if not fresh:
-        return []
-    return _only_ready(fresh, _state_reads(redis.pipeline(transaction=False), fresh).execute())
-
-
-def _heartbeat_cutoff() -> float:
-    """Workers whose last heartbeat is older than this (unix seconds) count as gone."""
-    return time.time() - settings.WORKER_HEARTBEAT_TIMEOUT
-
-
-def _state_reads(pipe, names: list[str]):
-    for name in names:
-        pipe.hget(protocol.worker_key(name), "state")
-    return pipe
-
-
-def _only_ready(names: list[str], states: list[str | None]) -> list[str]:
-    return [name for name, state in zip(names, states, strict=True) if state == "ready"]
-
-
-def worker_alive(name: str) -> bool:
-    redis = get_redis()
-    pool = redis.hget(protocol.worker_key(name), "pool")
-    score = redis.zscore(protocol.pool_workers_key(pool), name) if pool else None
-    return score is not None and score > _heartbeat_cutoff()
-
-
 def await_worker(model: ServedModel) -> list[str]:
     """The pool's ready workers, once there is one; waits (bounded) on a pool scaling from zero."""
     ready = ready_workers(model.pool)
@@ -155,22 +128,40 @@ def enqueue(request: RequestInput, model: ServedModel) -> None:
 
 
 def _adapter_holder(request: RequestInput, pool: str) -> str | None:
-    """For a request with an adapter: a ready worker of the pool that holds it and has a free slot
-    (the fewest requests in flight first), to send it to that worker's own queue so no other engine
-    loads it again; None (the pool's queue) when there is none. From heartbeats, so up to a
-    heartbeat late."""
+    """Where a request with an adapter goes: the own queue of a ready worker of the pool that holds
+    it and has a free slot (the fewest requests in flight first), so no other engine loads it again;
+    else the pool's queue when every live worker of the pool runs LoRA, or the own queue of the
+    least busy ready worker that does when some do not (the pool's queue could hand it to an engine
+    without LoRA, which refuses it). None: the pool's queue. From heartbeats, so up to a heartbeat
+    late. Raises ServiceUnavailable (503 `adapters_unavailable`) when no ready worker of the pool
+    runs LoRA: nothing is enqueued for an engine that would refuse it."""
     if not request.adapter_id:
         return None
-    adapter = str(request.adapter_id)
     fresh = protocol.fresh_workers(get_redis(), pool, since=_heartbeat_cutoff())
-    holders = [
-        (int(info.get("in_flight") or 0), name)
-        for name, info in fresh.items()
-        if info.get("state") == "ready"
-        and adapter in (info.get("adapters") or "").split(",")
-        and int(info.get("in_flight") or 0) < int(info.get("slots") or 0)
-    ]
-    return min(holders)[1] if holders else None
+    serving = {name: info for name, info in fresh.items() if protocol.runs_lora(info)}
+    ready = {name: info for name, info in serving.items() if info.get("state") == "ready"}
+    if not ready:
+        raise ServiceUnavailable(
+            f"No worker serving '{request.model.rpartition(':')[0]}' runs adapters right now; try again later.",
+            code="adapters_unavailable",
+            headers={"Retry-After": "5"},
+        )
+    adapter = str(request.adapter_id)
+    free = {name: info for name, info in ready.items() if _in_flight(info) < int(info.get("slots") or 0)}
+    holders = [(_in_flight(info), name) for name, info in free.items() if adapter in _held(info)]
+    if holders:
+        return min(holders)[1]
+    if len(serving) == len(fresh):
+        return None
+    return min((_in_flight(info) - int(info.get("slots") or 0), name) for name, info in ready.items())[1]
+
+
+def _in_flight(info: dict) -> int:
+    return int(info.get("in_flight") or 0)
+
+
+def _held(info: dict) -> list[str]:
+    return (info.get("adapters") or "").split(",")
 
 
 async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delta | Done | Failed | Idle]:

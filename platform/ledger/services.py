@@ -4,22 +4,31 @@ Workers write each request's final usage into the `ledger:pending` hash in the s
 transaction as the stream's `done` event. This module drains that hash with an idempotent insert
 (unique request id, ON CONFLICT DO NOTHING) and only then removes the entries: if PostgreSQL is down,
 usage stays in Redis and a later flush writes it; a replayed result is ignored by the unique key.
+
+The ledger only writes. A usage entry in `ledger:pending` is durable, which is when the request's
+quota reservation is settled: that is the quotas app's (quotas/settlement.py), which a flush tells
+through the `pending_flushing` signal before it writes a batch.
 """
 
 import datetime as dt
 import logging
 
 from django.db import DatabaseError, IntegrityError, transaction
+from django.dispatch import Signal
 
 from config.redis_client import get_redis
 from ledger.models import UsageRecord
-from quotas.admission import quota_settle_many
 from workers.protocol import LEDGER_PENDING, Usage
 
 log = logging.getLogger(__name__)
 
 # Usage entries the ledger refused on their own (a key or tenant deleted mid-request), for operators.
 LEDGER_REJECTED = "ledger:rejected"
+# Sent with `usages=` (a list of workers.protocol.Usage) by `ledger_flush(settle=True)` before it
+# writes a batch of pending entries: whoever owns what durable usage releases (the quotas' settlement)
+# acts on it before the rows reach PostgreSQL, so it never waits for the database. Receivers must be
+# idempotent: an entry is announced again by every flush until its row is written.
+pending_flushing = Signal()
 
 
 def usage_record_from(usage: Usage) -> UsageRecord:
@@ -51,10 +60,10 @@ def ledger_write(usages: list[Usage]) -> None:
     UsageRecord.objects.bulk_create([usage_record_from(u) for u in usages], ignore_conflicts=True)
 
 
-def ledger_settle(request_ids: list[str]) -> None:
-    """Settle the quotas of finished requests from their pending usage entries (idempotent)."""
-    for raw_by_id in _pending_batches(get_redis(), request_ids, len(request_ids)):
-        quota_settle_many([Usage.loads(raw) for raw in raw_by_id.values()])
+def ledger_pending_get(request_ids: list[str]) -> list[Usage]:
+    """The pending usage entries of these requests (those not in Redis are left out)."""
+    batches = _pending_batches(get_redis(), request_ids, len(request_ids))
+    return [Usage.loads(raw) for batch in batches for raw in batch.values()]
 
 
 def ledger_flush(*, request_ids: list[str] | None = None, batch_size: int = 500, settle: bool = True) -> int:
@@ -62,15 +71,15 @@ def ledger_flush(*, request_ids: list[str] | None = None, batch_size: int = 500,
 
     With request_ids, only those entries (the gateway's fast path right after a request ends);
     without, everything pending (the periodic task). Entries stay in Redis when PostgreSQL fails.
-    `settle=False`: the caller settled these entries' quotas already (`ledger_settle`).
+    `settle`: announce each batch on `pending_flushing` first (the quotas settle from it); False when
+    the caller settled these entries already (quotas.settlement.usage_record).
     """
     redis = get_redis()
     flushed = 0
     for raw_by_id in _pending_batches(redis, request_ids, batch_size):
         usages = [Usage.loads(raw) for raw in raw_by_id.values()]
         if settle:
-            # Quotas settle from the durable Redis entry, so they do not wait for PostgreSQL (idempotent).
-            quota_settle_many(usages)
+            pending_flushing.send(sender=UsageRecord, usages=usages)
         try:
             try:
                 ledger_write(usages)
@@ -127,13 +136,13 @@ def ledger_unwritten(*, start: dt.datetime, end: dt.datetime) -> dict[str, list[
     return unwritten
 
 
-def ledger_pending_put(usage: Usage, *, only_if_absent: bool = False) -> None:
-    """Buffer a usage entry durably in Redis (used by the gateway when a worker is lost)."""
+def ledger_pending_put(usage: Usage, *, only_if_absent: bool = False) -> Usage:
+    """Buffer a usage entry durably in Redis (the gateway's, for a request no worker finished);
+    returns the entry the buffer holds: with `only_if_absent`, the worker's own if it wrote one."""
     redis = get_redis()
     if only_if_absent:
         if not redis.hsetnx(LEDGER_PENDING, usage.request_id, usage.dumps()):
-            # The worker's own entry is there already: settle to what it counted.
-            usage = Usage.loads(redis.hget(LEDGER_PENDING, usage.request_id) or usage.dumps())
+            return Usage.loads(redis.hget(LEDGER_PENDING, usage.request_id) or usage.dumps())
     else:
         redis.hset(LEDGER_PENDING, usage.request_id, usage.dumps())
-    quota_settle_many([usage])
+    return usage

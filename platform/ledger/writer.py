@@ -1,10 +1,11 @@
-"""The gateway's fast path into the ledger: settle at once, write the rows in batches.
+"""The gateway's fast path into the ledger: the rows of finished requests, written in batches.
 
-When a request ends, its quota reservation is settled on the spot (a Redis script: the tenant's
-concurrency slot and budget come back before the response ends), and its request id is handed to a
-thread of the web process that writes the ledger rows of every request that ended in the last
-`LEDGER_BATCH_SECONDS` with one INSERT. Before, each response ended with its own INSERT and commit
-(~15% of the gateway's CPU samples at 32 streams, and a commit's wait before the stream closed).
+When a request ends, its quota reservation is settled on the spot (quotas/settlement.py
+`usage_record`: the tenant's concurrency slot and budget come back before the response ends), and
+its request id is handed to a thread of the web process that writes the ledger rows of every
+request that ended in the last `LEDGER_BATCH_SECONDS` with one INSERT: one INSERT and commit per
+response cost ~15% of the gateway's CPU samples at 32 streams, and a commit's wait before the
+stream closed.
 
 Nothing is lost when the process dies before a batch is written: the usage entries stay in
 Redis (`ledger:pending`) until written, and the periodic flush (beat, every 5 s) writes them.
@@ -18,7 +19,7 @@ import time
 from django import db
 from django.conf import settings
 
-from ledger.services import ledger_flush, ledger_settle
+from ledger.services import ledger_flush
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class _BatchWriter:
     @staticmethod
     def _write(batch: list[str]) -> None:
         try:
-            # Settled when recorded; entries it cannot write stay pending for the periodic flush.
+            # Settled before they were handed over; entries it cannot write stay pending for the
+            # periodic flush.
             ledger_flush(request_ids=batch, settle=False)
         except Exception:
             log.exception("ledger batch of %d failed; the periodic flush will write it", len(batch))
@@ -61,10 +63,7 @@ class _BatchWriter:
 _writer = _BatchWriter()
 
 
-def ledger_record(request_id: str) -> None:
-    """A request ended: settle its quota now and write its ledger row with the next batch."""
-    if not settings.LEDGER_BATCH_SECONDS:
-        ledger_flush(request_ids=[request_id])  # the unbatched path: settle and write in this thread
-        return
-    ledger_settle([request_id])
+def ledger_write_soon(request_id: str) -> None:
+    """Write the request's pending usage entry into the ledger with the next batch (its quota is
+    settled already)."""
     _writer.add(request_id)

@@ -13,10 +13,10 @@ request larger than a limit's whole capacity, which no wait can admit; `quota_ad
 `check_only` runs the same script without reserving anything and raises QuotaExceeded for a request
 over a limit right now.
 
-Settle is called where usage becomes durable: when a usage entry is put into, or drained from, the
-`ledger:pending` buffer (ledger.services), which covers a finished request, a client disconnect
-(the worker reports what it generated), a request taken back from the queue and a lost worker.
-`quota_reap` settles reservations nobody settled in time (a crashed gateway) from the ledger.
+Settle is called where usage becomes durable, by one module (quotas/settlement.py): when a usage
+entry is put into, or drained from, the `ledger:pending` buffer, which covers a finished request, a
+client disconnect (the worker reports what it generated), a request taken back from the queue and a
+lost worker; and for reservations nobody settled in time (a crashed gateway), from the ledger.
 """
 
 import json
@@ -206,21 +206,6 @@ def quota_settle(*, request_id: str, prompt_tokens: int, completion_tokens: int,
         keys=[resv_key(request_id), RESERVATIONS], args=[request_id, prompt_tokens, completion_tokens], client=redis
     )
     return reply == 1
-
-
-def quota_settle_many(usages) -> None:
-    """Settle a batch of protocol.Usage entries in one round trip."""
-    if not usages:
-        return
-    script = _script("settle")
-    pipe = get_redis().pipeline(transaction=False)
-    for usage in usages:
-        script(
-            keys=[resv_key(usage.request_id), RESERVATIONS],
-            args=[usage.request_id, usage.prompt_tokens, usage.completion_tokens],
-            client=pipe,
-        )
-    pipe.execute()
 
 
 def quota_release(*, request_id: str) -> bool:

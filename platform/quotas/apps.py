@@ -5,4 +5,4 @@ class QuotasConfig(AppConfig):
     name = "quotas"
 
     def ready(self) -> None:
-        from quotas import services  # noqa: F401  (connects the key-rotation receiver)
+        from quotas import services, settlement  # noqa: F401  (connect the key-rotation and ledger-flush receivers)

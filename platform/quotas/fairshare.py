@@ -14,9 +14,9 @@ import time
 
 from django.conf import settings
 
+from catalog.readiness import ready_workers as _ready
 from config.redis_client import get_redis
-from gateway import dispatch
-from gateway.errors import ServiceUnavailable
+from core.errors import ServiceUnavailable
 from quotas.admission import HOLD_SECONDS, _script, resv_key
 from workers import protocol
 
@@ -79,7 +79,7 @@ def pool_capacity(pool: str, ready_workers: list[str] | None = None) -> int:
     `ready_workers`: the names the caller already read (the gateway did, a moment before), else read now."""
     if not settings.FAIR_SHARE:
         return 0
-    names = dispatch.ready_workers(pool) if ready_workers is None else ready_workers
+    names = _ready(pool) if ready_workers is None else ready_workers
     if not names:
         return 0
     pipe = get_redis().pipeline(transaction=False)

@@ -3,12 +3,13 @@ and a fair share of the pool.
 
 The view calls `admission_check` before each expensive step (with a lower bound of the prompt's size
 before tokenizing it, with the exact size before waiting for a worker) and `admission_gate` last,
-which reserves. A request larger than a limit's whole capacity is a 400 naming the parameter to
-shrink, without Retry-After (no wait helps); one over a limit for now is a 429 with Retry-After.
+which reserves. A request larger than a limit's whole capacity is an InvalidRequest (400) naming the
+parameter to shrink, without Retry-After (no wait helps); one over a limit for now is a RateLimited
+(429) with Retry-After, and is recorded for the tenant's console (quotas/refusals.py).
 """
 
 from catalog.models import ServedModel
-from gateway.errors import InvalidRequest, RateLimited
+from core.errors import InvalidRequest, RateLimited
 from quotas.admission import (
     Admitted,
     QuotaExceeded,
@@ -19,6 +20,7 @@ from quotas.admission import (
 )
 from quotas.fairshare import fair_share_acquire, pool_capacity
 from quotas.limits import Limits
+from quotas.refusals import Refusal, refusal_record
 from tenants.services import KeyPrincipal
 
 
@@ -33,7 +35,7 @@ def admission_check(
     at_least: bool = False,
     counters: bool = True,
 ) -> None:
-    """Raise the OpenAI error admission would answer now, reserving nothing.
+    """Raise the error admission would answer now, reserving nothing.
 
     `prompt_param`: the request's prompt field ("messages" or "prompt"), named by a 400 about it.
     `at_least`: `prompt_tokens` is a lower bound (the prompt is not tokenized yet); any refusal is
@@ -52,10 +54,10 @@ def admission_check(
             check_only=True,
         )  # fmt: skip
     except RequestTooLarge as exc:
-        param = {"prompt": prompt_param, "completion": "max_tokens"}.get(exc.part)
+        param = {"prompt": prompt_param, "completion": "max_tokens"}.get(exc.part or "")
         raise InvalidRequest(str(exc), param=param, code="exceeds_limit") from None
     except QuotaExceeded as exc:
-        raise _rate_limited(exc) from None
+        raise _rate_limited(principal, exc) from None
 
 
 def admission_gate(
@@ -69,7 +71,7 @@ def admission_gate(
     implicit_max_tokens: bool,
     ready_workers: list[str] | None = None,
 ) -> Admitted:
-    """Reserve the request's quota and a fair share of the pool, or raise the OpenAI error to return.
+    """Reserve the request's quota and a fair share of the pool, or raise the error to answer.
 
     On success the caller owns the reservation: it is settled through the ledger once the request is
     enqueued; if enqueueing fails, the caller must `quota_release` it.
@@ -80,7 +82,7 @@ def admission_gate(
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
         )  # fmt: skip
     except QuotaExceeded as exc:
-        raise _rate_limited(exc) from None
+        raise _rate_limited(principal, exc) from None
     try:
         fair_share_acquire(
             pool=model.pool, request_id=request_id, tenant_id=principal.tenant_id,
@@ -92,6 +94,11 @@ def admission_gate(
     return admitted
 
 
-def _rate_limited(exc: QuotaExceeded) -> RateLimited:
+def _rate_limited(principal: KeyPrincipal, exc: QuotaExceeded) -> RateLimited:
+    """The 429 of a limit used up for now, recorded for the tenant's console."""
     code = "insufficient_quota" if exc.limit == "budget_tokens" else "rate_limit_exceeded"
+    refusal = Refusal(
+        key_prefix=principal.key_prefix, limit=exc.limit, code=code, message=str(exc), retry_after=exc.retry_after
+    )
+    refusal_record(tenant_id=principal.tenant_id, refusal=refusal)
     return RateLimited(str(exc), code=code, headers={**exc.headers, "x-ratelimit-exceeded": exc.limit})

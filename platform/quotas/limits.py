@@ -5,7 +5,6 @@ limits of their own) are kept in Redis for LIMITS_CACHE_SECONDS and dropped when
 quota changes (services call `limits_forget`), so every web process sees a change at once.
 """
 
-import datetime as dt
 import json
 from dataclasses import dataclass
 
@@ -13,6 +12,7 @@ from django.db.models import F, Sum
 
 from config.database import read_with_fallback
 from config.redis_client import get_redis
+from core.periods import Period
 from ledger.models import UsageRecord
 from quotas.models import KeyQuota, LimitFields, TenantQuota
 
@@ -21,34 +21,6 @@ _CACHE = "quota:lim:{tenant_id}"
 # The last limits read from PostgreSQL, served while it is unreachable (config/database.py).
 _LAST_KNOWN = "quota:lim:last:{tenant_id}"
 LAST_KNOWN_SECONDS = 7 * 86400
-
-
-@dataclass(frozen=True)
-class Period:
-    """A billing period: a calendar month in UTC."""
-
-    start: dt.datetime
-    end: dt.datetime
-
-    @property
-    def id(self) -> str:
-        return self.start.strftime("%Y-%m")
-
-    @classmethod
-    def containing(cls, when: dt.datetime) -> "Period":
-        start = when.astimezone(dt.UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-        end = (start + dt.timedelta(days=32)).replace(day=1)
-        return cls(start, end)
-
-    @classmethod
-    def parse(cls, period_id: str) -> "Period":
-        """'2026-11' → that month; ValueError for anything else."""
-        start = dt.datetime.strptime(period_id, "%Y-%m").replace(tzinfo=dt.UTC)
-        return cls.containing(start)
-
-    @classmethod
-    def current(cls) -> "Period":
-        return cls.containing(dt.datetime.now(dt.UTC))
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from django.db import transaction
 from django.dispatch import receiver
 
+from core.errors import InvalidRequest
 from quotas.limits import limits_forget
 from quotas.models import KeyQuota, LimitFields, Plan, TenantQuota
 from tenants import services as tenant_services
@@ -14,13 +15,18 @@ CLEAR = object()
 
 def _forget_after_commit(tenant_ids) -> None:
     ids = list(tenant_ids)
-    transaction.on_commit(lambda: [limits_forget(tenant_id=tid) for tid in ids])
+
+    def forget() -> None:
+        for tenant_id in ids:
+            limits_forget(tenant_id=tenant_id)
+
+    transaction.on_commit(forget)
 
 
 def _apply(obj, limits: dict) -> None:
     for name, value in limits.items():
         if name not in LimitFields.LIMITS:
-            raise ValueError(f"unknown limit {name!r}")
+            raise InvalidRequest(f"Unknown limit {name!r}.", param=name, code="unknown_limit")
         setattr(obj, name, None if value is CLEAR else value)
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from config.database import OUTAGE_ERRORS, database_failed, database_reachable, read_with_fallback
 from config.redis_client import get_redis
+from core.errors import Conflict
 from tenants import auth_cache
 from tenants.keys import digests_match, key_generate, key_prefix
 from tenants.models import ApiKey, Tenant
@@ -36,6 +37,7 @@ class KeyPrincipal:
     tenant_id: int
     tenant_name: str
     allowed_models: tuple[str, ...]  # empty: every model (catalog.selectors.model_access_allowed)
+    key_prefix: str = ""  # the key's public prefix (what a tenant's pages name it by)
 
 
 def tenant_create(*, name: str, display_name: str = "") -> Tenant:
@@ -72,9 +74,10 @@ def apikey_rotate(*, api_key: ApiKey, grace_seconds: int = 0) -> tuple[ApiKey, s
     """Replace a key by a new one with the same settings; the old one keeps working for the grace period.
 
     Returns the new row and its plaintext (shown once). Limits of the key's own move to the new key.
+    Conflict if the key is revoked or expired already.
     """
     if not api_key.is_usable():
-        raise ValueError("A revoked or expired key cannot be rotated.")
+        raise Conflict("A revoked or expired key cannot be rotated.", code="conflict")
     new_key, plaintext = apikey_create(
         tenant=api_key.tenant,
         name=api_key.name,
@@ -177,6 +180,7 @@ def apikey_authenticate(*, plaintext: str) -> KeyPrincipal:
         tenant_id=record["tenant_id"],
         tenant_name=record["tenant_name"],
         allowed_models=tuple(record["allowed_models"]),
+        key_prefix=prefix,
     )
 
 

@@ -23,9 +23,10 @@ def _request(adapter_id: int = 0, digest: str = "") -> RequestInput:
                         adapter_digest=digest)  # fmt: skip
 
 
-def _worker(redis_client, name: str, *, adapters: set[int], in_flight: int = 0, slots: int = 4, state="ready"):
+def _worker(redis_client, name: str, *, adapters: set[int], in_flight=0, slots=4, state="ready", lora=True):
     redis_client.zadd(protocol.pool_workers_key(POOL), {name: time.time()})
-    record = {"pool": POOL, "state": state, "in_flight": in_flight, "slots": slots, "adapters": held_field(adapters)}
+    record = {"pool": POOL, "state": state, "in_flight": in_flight, "slots": slots, "adapters": held_field(adapters),
+              "lora": int(lora)}  # fmt: skip
     redis_client.hset(protocol.worker_key(name), mapping=record)
 
 
@@ -43,6 +44,33 @@ def test_without_a_holder_with_a_free_slot_the_pools_queue_takes_it(redis_client
     assert dispatch._adapter_holder(_request(5), POOL) is None  # its only holder is full
     assert dispatch._adapter_holder(_request(6), POOL) is None  # held by none
     assert dispatch._adapter_holder(_request(0), POOL) is None  # the base model
+
+
+def test_in_a_pool_where_some_workers_run_no_lora_a_request_goes_to_one_that_does(redis_client):
+    _worker(redis_client, "plain#a", adapters=set(), lora=False)  # the least busy, but it would refuse
+    _worker(redis_client, "lora1#b", adapters={5}, in_flight=4, slots=4)  # holds it, no free slot
+    _worker(redis_client, "lora2#c", adapters=set(), in_flight=3, slots=4)
+    _worker(redis_client, "lora3#d", adapters=set(), in_flight=1, slots=4)
+    _worker(redis_client, "lora4#e", adapters=set(), in_flight=0, slots=4, state="draining")
+    assert dispatch._adapter_holder(_request(5), POOL) == "lora3#d"
+    assert dispatch._adapter_holder(_request(6), POOL) == "lora3#d"
+    assert dispatch._adapter_holder(_request(0), POOL) is None  # base requests: any worker
+
+
+def test_when_no_ready_worker_runs_lora_an_adapter_request_is_a_503_and_nothing_is_enqueued(redis_client):
+    from catalog.models import ServedModel
+    from gateway.errors import ServiceUnavailable
+
+    _worker(redis_client, "plain#a", adapters=set(), lora=False)
+    _worker(redis_client, "lora#b", adapters={5}, state="starting")
+    model = ServedModel(model_id="tiny-gemma4", path="/m", pool=POOL, context_length=2048)
+    request = _request(5, "ab" * 32)
+    with pytest.raises(ServiceUnavailable) as refused:
+        dispatch.enqueue(request, model)
+    assert (refused.value.status, refused.value.code) == (503, "adapters_unavailable")
+    assert refused.value.headers["Retry-After"] and "tiny-gemma4" in refused.value.message
+    assert not redis_client.exists(protocol.input_key(request.request_id))
+    assert redis_client.llen(protocol.queue_name(POOL)) == 0
 
 
 @pytest.mark.django_db
@@ -125,3 +153,24 @@ def test_a_request_waiting_for_a_holder_that_died_is_taken_back_at_once(redis_cl
     request.routed_to, request.request_id = "w1#a", "chatcmpl-2"  # a live holder: it keeps waiting
     redis_client.set(protocol.input_key(request.request_id), request.dumps())
     assert asyncio.run(dispatch._check_unstarted(request, model, progress)) is None
+
+
+# The inference views read on gateway threads (own database connections): committed data only.
+@pytest.mark.django_db(transaction=True)
+def test_an_adapter_request_to_a_pool_without_lora_workers_is_a_503_before_anything_is_enqueued(
+    client, people, redis_client
+):
+    from tests.adapters.test_adapters_api import _auth, upload
+
+    alice = people["alice"]
+    assert upload(client, alice.admin_key, "alice").status_code == 201
+    _worker(redis_client, "plain#a", adapters=set(), lora=False)  # ready, but its engine would refuse it
+    body = {"model": "tiny-gemma4:support-bot", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    reply = client.post("/v1/chat/completions", data=body, content_type="application/json", **_auth(alice.key))
+    assert reply.status_code == 503, reply.content
+    error = reply.json()["error"]
+    assert (error["type"], error["code"]) == ("service_unavailable_error", "adapters_unavailable")
+    assert reply.headers["Retry-After"]
+    assert not redis_client.keys("req:*") and redis_client.llen(protocol.queue_name(POOL)) == 0
+    assert not redis_client.keys(f"{protocol.worker_queue_name('*')}")

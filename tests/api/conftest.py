@@ -9,8 +9,8 @@ import pytest
 
 from api.authentication import staff_token_create
 from billing.services import invoice_build
+from core.periods import Period
 from ledger.models import UsageRecord
-from quotas.limits import Period
 from quotas.services import plan_create, tenant_quota_set
 from tenants.services import apikey_create, tenant_create
 

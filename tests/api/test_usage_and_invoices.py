@@ -8,8 +8,8 @@ import uuid
 import pytest
 
 from billing.services import rollup_refresh
+from core.periods import Period
 from ledger.models import UsageRecord
-from quotas.limits import Period
 from tenants.models import ApiKey
 from tests.api.conftest import call
 
@@ -30,13 +30,19 @@ def test_usage_by_period_model_key_and_granularity(client, world):
         )  # fmt: skip
     rollup_refresh(since=LAST_MONTH.start)
 
-    def usage(query):
-        response = call(client, "GET", f"{BASE}/tenants/alice/usage/?period={LAST_MONTH.id}&{query}", alice.admin_key)
+    def usage(query, span=f"period={LAST_MONTH.id}"):
+        response = call(client, "GET", f"{BASE}/tenants/alice/usage/?{span}&{query}", alice.admin_key)
         assert response.status_code == 200, response.content
         return response.json()
 
-    total = usage("granularity=total")["total"]
+    whole = usage("granularity=total")
+    total = whole["total"]
     assert (total["requests"], total["prompt_tokens"], total["completion_tokens"]) == (4, 311, 130)
+    # One bucket for the whole month, starting with it.
+    (bucket,) = whole["data"]
+    assert dt.datetime.fromisoformat(bucket["bucket_start"]) == LAST_MONTH.start and bucket["requests"] == 4
+    quiet = [(LAST_MONTH.end + dt.timedelta(hours=h)).strftime("%Y-%m-%dT%H:%M:%SZ") for h in (0, 1)]
+    assert usage("granularity=total", span=f"start={quiet[0]}&end={quiet[1]}")["data"] == []  # no usage: no bucket
     days = usage("granularity=day")["data"]
     assert [d["requests"] for d in days] == [3, 1]
     hours = usage("granularity=hour&model=tiny-gemma4")["data"]

@@ -13,8 +13,9 @@ from django.db.models import Sum
 from api.serializers import InvoiceOutput
 from billing.models import Invoice, InvoiceLine, UsageRollup
 from billing.services import invoice_as_csv, invoice_build, invoice_close, rollup_refresh
+from core.errors import Conflict
+from core.periods import Period
 from ledger.models import UsageRecord
-from quotas.limits import Period
 from quotas.services import plan_create, tenant_quota_set
 from tenants.services import apikey_create
 
@@ -134,7 +135,7 @@ def test_a_closed_invoice_never_changes(alice):
 
 def test_an_open_period_cannot_be_closed(alice):
     tenant, _ = alice
-    with pytest.raises(ValueError):
+    with pytest.raises(Conflict):
         invoice_close(invoice=invoice_build(tenant=tenant, period=Period.current()))
 
 

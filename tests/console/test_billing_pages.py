@@ -5,7 +5,6 @@ import json
 import uuid
 
 import pytest
-from django.test import RequestFactory
 from django.utils import timezone
 
 pytestmark = pytest.mark.django_db
@@ -82,8 +81,8 @@ def test_rotating_a_key_shows_the_new_secret_once_and_retires_the_old(client, te
 
 
 def test_invoices_are_listed_per_tenant_and_downloadable(client, operator, tenant_admins, tenants, pro_plan):
+    from core.periods import Period
     from ledger.models import UsageRecord
-    from quotas.limits import Period
     from quotas.services import tenant_quota_set
     from tenants.services import apikey_create
 
@@ -111,31 +110,40 @@ def test_invoices_are_listed_per_tenant_and_downloadable(client, operator, tenan
     assert client.get(f"/console/tenants/bob/invoices/{number}/").status_code == 404
 
 
-def test_a_429_from_the_inference_api_is_recorded_for_its_tenant(client, tenant_admins, tenants, redis_client):
-    from console.middleware import ThrottleEventMiddleware
+def test_a_request_admission_refuses_is_listed_for_its_tenant_only(
+    client, tenant_admins, tenants, redis_client, django_capture_on_commit_callbacks
+):
+    from catalog.models import ServedModel
     from gateway.errors import RateLimited
-    from tenants.services import apikey_create
+    from quotas.gate import admission_gate
+    from quotas.limits import limits_for
+    from quotas.services import tenant_quota_set
+    from tenants.services import apikey_authenticate, apikey_create
 
     key, plaintext = apikey_create(tenant=tenants["alice"])
+    with django_capture_on_commit_callbacks(execute=True):
+        tenant_quota_set(tenant=tenants["alice"], rpm=1)
+    principal = apikey_authenticate(plaintext=plaintext)
+    limits = limits_for(tenant_id=principal.tenant_id, key_id=principal.key_id)
+    model = ServedModel(model_id="tiny-gemma4", path="/models/tiny", pool="tiny")
 
-    def refused(request):  # what the quota gate answers when the RPM limit is hit
-        error = RateLimited(
-            "Rate limit reached for requests per minute (RPM); retry after 12s.",
-            code="rate_limit_exceeded",
-            headers={"Retry-After": "12", "x-ratelimit-exceeded": "requests"},
-        )
-        return error.response()  # fmt: skip
+    def admit():
+        return admission_gate(
+            principal=principal, limits=limits, model=model, request_id=f"chatcmpl-{uuid.uuid4().hex}",
+            prompt_tokens=5, max_tokens=5, implicit_max_tokens=False, ready_workers=[],
+        )  # fmt: skip
 
-    middleware = ThrottleEventMiddleware(refused)
-    request = RequestFactory().post("/v1/chat/completions", HTTP_AUTHORIZATION=f"Bearer {plaintext}")
-    assert middleware(request).status_code == 429
-    middleware(RequestFactory().post("/v1/chat/completions", HTTP_AUTHORIZATION="Bearer gpk_nonsense"))
-    middleware(RequestFactory().get("/console/", HTTP_AUTHORIZATION=f"Bearer {plaintext}"))
+    admit()  # the minute's one request
+    with pytest.raises(RateLimited) as refused:
+        admit()
+    assert refused.value.headers["x-ratelimit-exceeded"] == "requests"
 
     client.force_login(tenant_admins["alice"])
     response = client.get("/console/tenants/alice/throttling/")
     (event,) = response.context["events"]
-    assert (event.key, event.limit, event.retry_after) == (key.prefix, "requests", 12)
+    retry_after = int(refused.value.headers["Retry-After"])
+    assert (event.key, event.limit, event.code, event.retry_after) == (key.prefix, "requests", "rate_limit_exceeded",
+                                                                      retry_after)  # fmt: skip
     assert "requests per minute (RPM)" in response.content.decode()
     client.force_login(tenant_admins["bob"])
     assert client.get("/console/tenants/bob/throttling/").context["events"] == []

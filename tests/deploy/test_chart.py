@@ -11,12 +11,14 @@ import base64
 import http.server
 import json
 import os
+import pathlib
 import re
 import runpy
 import secrets
 import subprocess
 import sys
 import threading
+import time
 
 import jsonschema
 import kubernetes_validate
@@ -132,7 +134,7 @@ def test_workers_scale_to_zero_only_where_allowed(render):
     assert specs["gemma-4-e4b"]["minReplicas"] == 2 and not specs["gemma-4-e4b"]["allowScaleToZero"]
     assert specs["gemma-4-e4b-batch"]["minReplicas"] == 0 and specs["gemma-4-e4b-batch"]["allowScaleToZero"]
     # Keys the pool does not set come from worker.autoscaling.
-    assert specs["gemma-4-e4b"]["scaleDownCooldownSeconds"] == 900
+    assert specs["gemma-4-e4b"]["scaleDownCooldownSeconds"] == 300
     assert specs["gemma-4-e4b-batch"]["scaleDownCooldownSeconds"] == 1200
 
 
@@ -359,6 +361,10 @@ def test_app_credentials_come_from_one_named_secret_when_given(render):
         "externalDatabase.existingSecret=rds",
         "--set",
         "externalRedis.existingSecret=cache",
+        "--set",
+        "minio.auth.existingSecret=minio-root",
+        "--set",
+        "adapterStore.existingSecret=adapter-keys",
     )
     assert not rendered.kind("Secret"), "no Secret is generated when all are provided"
     for component in APP_COMPONENTS:
@@ -371,6 +377,7 @@ def test_app_credentials_come_from_one_named_secret_when_given(render):
             }
             assert refs["SECRET_KEY"] == refs["API_KEY_HMAC_KEY"] == refs["OPERATOR_TOKEN"] == "platform-auth"
             assert refs["DATABASE_URL"] == "rds" and refs["REDIS_URL"] == "cache"
+            assert refs["ADAPTER_S3_ACCESS_KEY_ID"] == refs["ADAPTER_S3_SECRET_ACCESS_KEY"] == "adapter-keys"
 
 
 def test_generated_secrets_exist_before_the_migration_hook_and_survive_uninstall(render):
@@ -380,6 +387,8 @@ def test_generated_secrets_exist_before_the_migration_hook_and_survive_uninstall
         f"{FULLNAME}-auth",
         f"{FULLNAME}-postgresql",
         f"{FULLNAME}-redis",
+        f"{FULLNAME}-minio",
+        f"{FULLNAME}-adapter-store",
     }
     # Normal release resources: a hook with before-hook-creation would be deleted and re-created by
     # every upgrade, and pods starting in that gap would fail. Helm creates normal resources before
@@ -399,12 +408,15 @@ def test_generated_secrets_exist_before_the_migration_hook_and_survive_uninstall
 def test_a_generated_auth_secret_exists_before_the_migration_hook_on_first_install(render):
     """With an external database the Job would run pre-install, before any normal resource: when
     the chart generates the auth Secret the Job reads, it runs post-install instead."""
-    (generated,) = render().kind("Secret")
-    assert generated["metadata"]["name"] == f"{FULLNAME}-auth"
+    generated = render().get("Secret", f"{FULLNAME}-auth")
     assert "helm.sh/hook" not in generated["metadata"]["annotations"]
     (job,) = render().component("Job", "migrate")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
+    # The adapter store's keys, generated for the in-cluster MinIO, are read by the Job too.
     (job,) = render("--set", "auth.existingSecret=platform-auth").component("Job", "migrate")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
+    given = ("--set", "auth.existingSecret=platform-auth", "--set", "adapterStore.existingSecret=adapter-keys")
+    (job,) = render(*given).component("Job", "migrate")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
 
 
@@ -532,6 +544,66 @@ def test_an_upgrade_keeps_the_replicas_the_operator_chose(helm, k8s_bin, kubecon
     assert replicas == {"gemma-4-e4b": 3, "gemma-4-e4b-batch": 0}
 
 
+def test_warm_spare_nodes_are_placeholders_any_worker_preempts(render):
+    rendered = render("-f", str(A10G_VALUES))
+    specs = {p["spec"]["pool"]: p["spec"] for p in rendered.kind("ModelPool")}
+    interactive = specs["gemma-4-e4b"]
+    assert interactive["warmSpareNodes"] == 1
+    assert "warmSpareNodes" not in specs["gemma-4-e4b-batch"] and "spareDeployment" not in specs["gemma-4-e4b-batch"]
+    spare = rendered.get("Deployment", interactive["spareDeployment"])
+    worker = rendered.get("Deployment", interactive["workerDeployment"])
+    assert spare["spec"]["replicas"] == 1
+    # The operator lists the worker Deployment's pods: no placeholder may be among them.
+    assert not selects(worker["spec"]["selector"], spare["spec"]["template"]["metadata"]["labels"])
+    assert selects(spare["spec"]["selector"], spare["spec"]["template"]["metadata"]["labels"])
+    placeholder, worker_spec = pod_spec_of(spare), pod_spec_of(worker)
+    (priority_class,) = rendered.kind("PriorityClass")
+    assert placeholder["priorityClassName"] == priority_class["metadata"]["name"]
+    # Workers run at the default priority 0, above the placeholders: they preempt them. The value
+    # stays at the cluster autoscaler's expendable cutoff (-10), or no node would be added for them.
+    assert "priorityClassName" not in worker_spec
+    assert priority_class["value"] == -10 and priority_class["preemptionPolicy"] == "Never"
+    assert not priority_class["globalDefault"]
+    # Same image and the same GPU node as a worker, so the node it holds is ready for one.
+    (container,) = placeholder["containers"]
+    assert container["image"] == worker_spec["containers"][0]["image"]
+    assert container["resources"] == worker_spec["containers"][0]["resources"]
+    assert placeholder["affinity"]["nodeAffinity"] == worker_spec["affinity"]["nodeAffinity"]
+    assert placeholder["tolerations"] == worker_spec["tolerations"]
+    assert container["command"][:2] == ["python", "-c"] and "SIGTERM" in container["command"][2]
+    assert placeholder["terminationGracePeriodSeconds"] <= 5
+    # Nothing of the kind without warmSpareNodes (the default) or without the operator.
+    for args in ([], ["-f", str(A10G_VALUES), "--set", "operator.enabled=false"]):
+        plain = render(*args)
+        assert not plain.kind("PriorityClass") and not plain.component("Deployment", "warm-spare")
+
+
+def test_the_placeholder_command_sleeps_until_sigterm():
+    """As PID 1 a process ignores SIGTERM unless it handles it: the placeholder must, or every
+    preemption would wait for its whole grace period."""
+    command = [sys.executable, *pod_spec_of_placeholder_command()[1:]]
+    process = subprocess.Popen(command)
+    try:
+        status = pathlib.Path(f"/proc/{process.pid}/status")
+        deadline = time.monotonic() + 60  # a bound for a stalled machine, not a measurement
+        while not int(re.search(r"SigCgt:\s*([0-9a-f]+)", status.read_text()).group(1), 16) & (1 << 14):
+            assert process.poll() is None, "the placeholder exited by itself"
+            assert time.monotonic() < deadline, "the placeholder never installed its SIGTERM handler"
+            time.sleep(0.05)
+        assert process.poll() is None  # running, waiting for a signal
+        process.terminate()
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+def pod_spec_of_placeholder_command() -> list[str]:
+    text = (CHART / "templates" / "worker-spare-deployment.yaml").read_text()
+    code = re.search(r'- python\n\s+- -c\n\s+- "([^"]+)"', text).group(1)
+    return ["python", "-c", code]
+
+
 def test_the_operator_owns_worker_replicas(render):
     for deployment in workers(render("--set", "operator.enabled=false", "--set", "worker.replicas=3")):
         assert deployment["spec"]["replicas"] == 3
@@ -619,7 +691,8 @@ def test_beat_runs_exactly_once(scenario):
 
 
 def test_migrations_run_as_a_hook_before_install_and_upgrade(render):
-    (job,) = render("--set", "auth.existingSecret=platform-auth").component("Job", "migrate")
+    given = ("--set", "auth.existingSecret=platform-auth", "--set", "adapterStore.existingSecret=adapter-keys")
+    (job,) = render(*given).component("Job", "migrate")
     annotations = job["metadata"]["annotations"]
     assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
@@ -836,6 +909,99 @@ def test_in_cluster_databases_are_statefulsets_with_volumes(render):
     assert web_env["REDIS_URL"]["value"] == f"redis://:$(REDIS_PASSWORD)@{FULLNAME}-redis:6379/0"
 
 
+# -------------------------------------------------------------------------------------- adapter store
+
+
+def _secret_ref(container: dict, name: str) -> tuple[str, str]:
+    ref = env_of(container)[name]["valueFrom"]["secretKeyRef"]
+    return ref["name"], ref["key"]
+
+
+def test_the_adapter_store_is_an_in_cluster_minio_by_default(render):
+    rendered = render()
+    minio_name = f"{FULLNAME}-minio"
+    (deployment,) = rendered.component("Deployment", "minio")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    spec = pod_spec_of(deployment)
+    (server,) = spec["containers"]
+    assert server["args"][:2] == ["server", "/data"]
+    assert server["readinessProbe"]["httpGet"]["path"] == "/minio/health/ready"
+    assert _secret_ref(server, "MINIO_ROOT_PASSWORD") == (minio_name, "root-password")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["data"]["persistentVolumeClaim"]["claimName"] == minio_name
+    claim = rendered.get("PersistentVolumeClaim", minio_name)
+    assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # adapters outlive uninstall
+    (service,) = rendered.component("Service", "minio")
+    assert service["spec"]["ports"][0]["port"] == 9000
+    assert selects({"matchLabels": service["spec"]["selector"]}, deployment["spec"]["template"]["metadata"]["labels"])
+
+    # The setup Job creates the bucket and the platform's user from the keys web and workers use.
+    (job,) = rendered.component("Job", "minio-setup")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    (setup,) = pod_spec_of(job)["containers"]
+    script = setup["command"][-1]
+    assert 'mc mb --ignore-existing "store/$ADAPTER_BUCKET"' in script
+    assert 'mc admin user add store "$ADAPTER_S3_ACCESS_KEY_ID" "$ADAPTER_S3_SECRET_ACCESS_KEY"' in script
+    setup_env = env_of(setup)
+    assert setup_env["MINIO_URL"]["value"] == f"http://{minio_name}:9000"
+    assert setup_env["ADAPTER_BUCKET"]["value"] == "gemma-adapters"
+    keys = _secret_ref(setup, "ADAPTER_S3_SECRET_ACCESS_KEY")
+    assert keys == (f"{FULLNAME}-adapter-store", "ADAPTER_S3_SECRET_ACCESS_KEY")
+    secret = rendered.get("Secret", f"{FULLNAME}-adapter-store")
+    assert set(secret["data"]) == {"ADAPTER_S3_ACCESS_KEY_ID", "ADAPTER_S3_SECRET_ACCESS_KEY"}
+
+    for component in APP_COMPONENTS:
+        for doc in rendered.component("Deployment", component) + rendered.component("Job", component):
+            container = pod_spec_of(doc)["containers"][0]
+            env = env_of(container)
+            assert env["ADAPTER_STORE_URL"]["value"] == "s3://gemma-adapters/adapters", component
+            assert env["ADAPTER_S3_ENDPOINT_URL"]["value"] == f"http://{minio_name}:9000", component
+            assert _secret_ref(container, "ADAPTER_S3_SECRET_ACCESS_KEY") == keys, component
+            assert _secret_ref(container, "ADAPTER_S3_ACCESS_KEY_ID") == _secret_ref(setup, "ADAPTER_S3_ACCESS_KEY_ID")
+            # Downloads go under /tmp, which every application pod mounts writable.
+            mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+            assert "/tmp" in mounts, component
+
+
+def test_an_external_s3_endpoint_replaces_the_in_cluster_minio(render):
+    rendered = render(
+        "--set", "minio.enabled=false", "--set", "adapterStore.endpointUrl=https://s3.eu-west-1.amazonaws.com",
+        "--set", "adapterStore.existingSecret=s3-keys", "--set", "adapterStore.bucket=acme-adapters",
+        "--set", "adapterStore.prefix=prod/adapters", "--set", "adapterStore.region=eu-west-1",
+    )  # fmt: skip
+    assert not [d for d in rendered.docs if "minio" in d["metadata"]["name"]]
+    assert f"{FULLNAME}-adapter-store" not in {s["metadata"]["name"] for s in rendered.kind("Secret")}
+    for doc in rendered.component("Deployment", "web") + workers(rendered):
+        container = pod_spec_of(doc)["containers"][0]
+        env = env_of(container)
+        assert env["ADAPTER_STORE_URL"]["value"] == "s3://acme-adapters/prod/adapters"
+        assert env["ADAPTER_S3_ENDPOINT_URL"]["value"] == "https://s3.eu-west-1.amazonaws.com"
+        assert env["ADAPTER_S3_REGION"]["value"] == "eu-west-1"
+        assert _secret_ref(container, "ADAPTER_S3_ACCESS_KEY_ID") == ("s3-keys", "ADAPTER_S3_ACCESS_KEY_ID")
+
+
+def test_the_web_and_worker_settings_load_with_the_adapter_store_env(render):
+    """Django's settings accept the store's environment as the chart renders it (secrets filled in)."""
+    web = pod_spec_of(render().get("Deployment", f"{FULLNAME}-web"))["containers"][0]
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+    for name, item in env_of(web).items():
+        if "value" in item and "$(" not in str(item["value"]):
+            env[name] = str(item["value"])
+        elif "secretKeyRef" in item.get("valueFrom", {}):
+            env[name] = secrets.token_hex(24)
+    env.update(DATABASE_URL=os.environ["DATABASE_URL"], REDIS_URL=os.environ["REDIS_URL"], ALLOWED_HOSTS="localhost")
+    code = (
+        "import django; django.setup(); from django.conf import settings; from adapters.store import adapter_store;"
+        "s = adapter_store(); print(type(s).__name__, s.bucket, s.prefix, settings.ADAPTER_S3_ENDPOINT_URL)"
+    )
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["S3Store", "gemma-adapters", "adapters", f"http://{FULLNAME}-minio:9000"]
+
+
 # ------------------------------------------------------------------------------------- values schema
 
 
@@ -852,6 +1018,9 @@ def test_in_cluster_databases_are_statefulsets_with_volumes(render):
         (["--set", "web.probes.readinessPath=/"], "/web/probes/readinessPath"),
         (["--set", "operator.enabled=yes-please"], "/operator/enabled"),
         (["--set", "operator.cleanupWaitSeconds=0"], "/operator/cleanupWaitSeconds"),
+        (["--set", "adapterStore.bucket=Adapters_Bucket"], "/adapterStore/bucket"),
+        (["--set", "adapterStore.endpointUrl=minio:9000"], "/adapterStore/endpointUrl"),
+        (["--set", "minio.image.tag=latest"], "/minio/image/tag"),
     ],
     ids=[
         "string-for-int",
@@ -864,6 +1033,9 @@ def test_in_cluster_databases_are_statefulsets_with_volumes(render):
         "bad-probe-path",
         "string-for-bool",
         "no-cleanup-wait",
+        "bad-bucket-name",
+        "endpoint-without-scheme",
+        "minio-latest-tag",
     ],
 )
 def test_the_values_schema_rejects_bad_values(render_error, args, message):
@@ -902,6 +1074,7 @@ def test_the_values_schema_rejects_bad_values(render_error, args, message):
         (["--set", "externalDatabase.existingSecret="], "externalDatabase.existingSecret is required"),
         (["--set", "worker.modelCache.type=pvc"], "existingClaim is required"),
         (["-f", str(A10G_VALUES), "--set", "web.probes.readinessPath=/readyz"], "scale-to-zero pool is idle"),
+        (["--set", "minio.enabled=false"], "adapterStore.existingSecret is required when minio.enabled is false"),
     ],
     ids=[
         "zero-without-scale-to-zero",
@@ -909,6 +1082,7 @@ def test_the_values_schema_rejects_bad_values(render_error, args, message):
         "no-database-secret",
         "pvc-without-claim",
         "readyz-with-idle-pools",
+        "external-s3-without-keys",
     ],
 )
 def test_the_templates_refuse_inconsistent_values(render_error, args, message):
@@ -956,7 +1130,7 @@ def test_network_policies_close_every_port_but_the_apis(render):
             (policy,) = _policies_for(rendered, labels)
             component = labels["app.kubernetes.io/component"]
             ingress = policy["spec"]["ingress"]
-            if component in {"worker", "control", "beat", "migrate", "operator-cleanup"}:
+            if component in {"worker", "control", "beat", "migrate", "operator-cleanup", "minio-setup"}:
                 assert ingress == [], component
             elif component == "web":
                 assert ingress == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
@@ -966,6 +1140,12 @@ def test_network_policies_close_every_port_but_the_apis(render):
                 (expr,) = peer["podSelector"]["matchExpressions"]
                 assert sorted(expr["values"]) == ["beat", "control", "migrate", "web", "worker"]
                 assert peer["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == RELEASE
+            elif component == "minio":
+                (rule,) = ingress
+                (peer,) = rule["from"]
+                (expr,) = peer["podSelector"]["matchExpressions"]
+                assert sorted(expr["values"]) == ["beat", "control", "migrate", "minio-setup", "web", "worker"]
+                assert rule["ports"] == [{"port": 9000, "protocol": "TCP"}]
     assert not render().kind("NetworkPolicy")
 
 

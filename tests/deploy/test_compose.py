@@ -80,7 +80,9 @@ def test_compose_refuses_to_run_with_metrics_open_to_anyone(docker_compose):
 
 
 def test_compose_runs_the_whole_platform(resolved):
-    assert set(resolved["services"]) == {"postgres", "redis", "migrate", "web", "worker", "control", "beat"}
+    assert set(resolved["services"]) == {
+        "postgres", "redis", "minio", "minio-init", "migrate", "web", "worker", "control", "beat",
+    }  # fmt: skip
     assert resolved["version"].startswith("3.")
 
 
@@ -129,6 +131,44 @@ def test_credentials_come_from_the_environment_not_the_file(resolved):
     # docker-compose 1.x prints the short form, Compose v2 the long one.
     host_ip = port["host_ip"] if isinstance(port, dict) else port.split(":")[0]
     assert host_ip == "127.0.0.1"
+
+
+def test_minio_holds_the_adapter_store_that_web_and_workers_use(resolved):
+    services = resolved["services"]
+    minio, init = services["minio"], services["minio-init"]
+    for service in (minio, init):
+        image = service["image"]
+        assert ":RELEASE." in image and not image.endswith(":latest"), image
+    assert minio["command"] == ["server", "/data"] and not minio.get("ports")  # not published
+    # docker-compose 1.x prints the short form, Compose v2 the long one.
+    targets = {v.split(":")[1] if isinstance(v, str) else v["target"] for v in minio["volumes"]}
+    assert targets == {"/data"}  # a named volume: the adapters outlive the container
+    assert minio["healthcheck"]["test"] == ["CMD", "mc", "ready", "local"]
+    # The one-shot creates the bucket and the platform's user once MinIO answers.
+    assert init["restart"] == "no" and init["depends_on"]["minio"]["condition"] == "service_healthy"
+    script = init["entrypoint"][-1]
+    assert 'mc mb --ignore-existing "store/$$ADAPTER_BUCKET"' in script
+    assert 'mc admin user add store "$$ADAPTER_S3_ACCESS_KEY_ID" "$$ADAPTER_S3_SECRET_ACCESS_KEY"' in script
+    bucket = init["environment"]["ADAPTER_BUCKET"]
+    for name in ("web", "worker", "control", "beat", "migrate"):
+        env = services[name]["environment"]
+        assert env["ADAPTER_STORE_URL"] == f"s3://{bucket}/adapters", name
+        assert env["ADAPTER_S3_ENDPOINT_URL"] == "http://minio:9000", name
+        for key in ("ADAPTER_S3_ACCESS_KEY_ID", "ADAPTER_S3_SECRET_ACCESS_KEY"):
+            assert env[key] == init["environment"][key], (name, key)
+    for name in ("web", "worker"):  # they read and write adapters: the bucket exists first
+        assert services[name]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+
+
+def test_minio_credentials_come_from_the_environment_when_set(docker_compose):
+    chosen = {"MINIO_ROOT_PASSWORD": "root-from-env", "ADAPTER_S3_SECRET_ACCESS_KEY": "app-from-env"}
+    result = compose(docker_compose, "config", env={**CREDENTIALS, **chosen})
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    assert services["minio"]["environment"]["MINIO_ROOT_PASSWORD"] == "root-from-env"
+    assert services["minio-init"]["environment"]["MINIO_ROOT_PASSWORD"] == "root-from-env"
+    for name in ("minio-init", "web", "worker"):
+        assert services[name]["environment"]["ADAPTER_S3_SECRET_ACCESS_KEY"] == "app-from-env", name
 
 
 def test_health_checks_probe_what_each_container_runs(resolved):

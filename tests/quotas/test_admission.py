@@ -6,10 +6,11 @@ import time
 
 import pytest
 
+from core.periods import Period
 from ledger.models import UsageRecord
 from ledger.services import ledger_flush
 from quotas.admission import Admitted, QuotaExceeded, quota_admit, quota_settle, resv_key, tenant_scope
-from quotas.limits import Period, limits_for
+from quotas.limits import limits_for
 from quotas.services import key_quota_set, plan_create, tenant_quota_set
 from tenants.services import apikey_create
 from tests.quotas.helpers import (

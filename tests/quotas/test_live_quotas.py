@@ -31,7 +31,7 @@ def _chat(stack, key, **extra):
 
 
 def test_a_budget_caps_an_open_request_settles_to_actual_usage_then_refuses(stack, make_tenant):
-    from quotas.limits import Period
+    from core.periods import Period
 
     tenant, key = make_tenant("alice")
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
@@ -113,7 +113,7 @@ def test_200_concurrent_requests_never_overrun_a_budget_covering_about_50(stack,
 
 
 def test_a_client_that_disconnects_is_settled_to_what_was_generated(stack, make_tenant):
-    from quotas.limits import Period
+    from core.periods import Period
 
     tenant, key = make_tenant("dave")
     stack.manage("setquota", "dave", "--budget-tokens", "100000", "--concurrency", "1")

@@ -152,6 +152,38 @@ imagePullSecrets:
 {{- default (include "gemma-platform.redis.fullname" .) .Values.redis.auth.existingSecret -}}
 {{- end -}}
 
+{{- define "gemma-platform.minio.fullname" -}}
+{{- include "gemma-platform.componentName" (dict "ctx" . "component" "minio") -}}
+{{- end -}}
+
+{{/* Secret holding the in-cluster MinIO's root user and password. */}}
+{{- define "gemma-platform.minio.secretName" -}}
+{{- default (include "gemma-platform.minio.fullname" .) .Values.minio.auth.existingSecret -}}
+{{- end -}}
+
+{{/*
+Secret holding the adapter store's S3 access key id and secret: adapterStore.existingSecret, or the
+one the chart generates for the in-cluster MinIO's platform user.
+*/}}
+{{- define "gemma-platform.adapterStore.secretName" -}}
+{{- if .Values.adapterStore.existingSecret -}}
+{{- .Values.adapterStore.existingSecret -}}
+{{- else if .Values.minio.enabled -}}
+{{- include "gemma-platform.componentName" (dict "ctx" . "component" "adapter-store") -}}
+{{- else -}}
+{{- fail "adapterStore.existingSecret is required when minio.enabled is false (the S3 keys of the adapter store)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The adapter store's S3 endpoint: adapterStore.endpointUrl, else the in-cluster MinIO. */}}
+{{- define "gemma-platform.adapterStore.endpointUrl" -}}
+{{- if .Values.adapterStore.endpointUrl -}}
+{{- .Values.adapterStore.endpointUrl -}}
+{{- else if .Values.minio.enabled -}}
+{{- printf "http://%s:9000" (include "gemma-platform.minio.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/*
 A random secret value that stays the same across upgrades: the value already stored in the live
 Secret when there is one (lookup), a new random one otherwise. `helm template` and --dry-run have
@@ -182,11 +214,12 @@ helm.sh/resource-policy: keep
 When the migration Job runs. Before the new code on upgrade; on first install before the release's
 normal resources (pre-install) unless it needs one of them: the in-cluster database, or a Secret
 the chart generates (auth, database or Redis password), which Helm creates only after pre-install
-hooks.
+hooks (the adapter store's Secret included).
 */}}
 {{- define "gemma-platform.migrations.hook" -}}
 {{- $generatesRedisSecret := and .Values.redis.enabled (not .Values.redis.auth.existingSecret) -}}
-{{- if or .Values.postgresql.enabled (not .Values.auth.existingSecret) $generatesRedisSecret -}}
+{{- $generatesStoreSecret := and .Values.minio.enabled (not .Values.adapterStore.existingSecret) -}}
+{{- if or .Values.postgresql.enabled (not .Values.auth.existingSecret) $generatesRedisSecret $generatesStoreSecret -}}
 post-install,pre-upgrade
 {{- else -}}
 pre-install,pre-upgrade
@@ -279,6 +312,24 @@ $(VAR) expansion, so no credential is ever written into a manifest.
       name: {{ required "externalRedis.existingSecret is required when redis.enabled is false" .Values.externalRedis.existingSecret }}
       key: {{ .Values.externalRedis.existingSecretUrlKey }}
 {{- end }}
+{{- /* Tenants' LoRA adapters: an S3 bucket (the in-cluster MinIO or adapterStore.endpointUrl);
+     each process downloads what it uses under /tmp (an emptyDir in every pod). */}}
+- name: ADAPTER_STORE_URL
+  value: {{ printf "s3://%s/%s" .Values.adapterStore.bucket .Values.adapterStore.prefix | trimSuffix "/" | quote }}
+- name: ADAPTER_S3_ENDPOINT_URL
+  value: {{ include "gemma-platform.adapterStore.endpointUrl" . | quote }}
+- name: ADAPTER_S3_REGION
+  value: {{ .Values.adapterStore.region | quote }}
+- name: ADAPTER_S3_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gemma-platform.adapterStore.secretName" . }}
+      key: {{ .Values.adapterStore.secretKeys.accessKeyId }}
+- name: ADAPTER_S3_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gemma-platform.adapterStore.secretName" . }}
+      key: {{ .Values.adapterStore.secretKeys.secretAccessKey }}
 {{- with .Values.huggingface.existingSecret }}
 {{- /* Workers download weights; web loads each model's tokenizer and chat template. */}}
 - name: HF_TOKEN
