@@ -13,22 +13,45 @@ THREADLESS_PREFIX = "/v1/"
 
 
 class PlatformASGIHandler(ASGIHandler):
-    """Django's ASGI handler, except that the inference API's requests get no thread of their own.
+    """Django's ASGI handler, except that the inference API's requests get no thread of their own
+    and pass through none of the middleware that serves the console and the management API.
 
     Django serves each request inside a ThreadSensitiveContext: the request's first thread-sensitive
     sync call (request_started's receivers, the hooks of Django's own middleware) starts a thread
     for it, which lives until the response ends: an idle thread per open stream. Requests under
-    /v1/ run those calls (brief, no I/O: the inference views touch neither session nor user) on
-    asgiref's one process-wide sync thread instead, and their blocking work on the gateway's thread
-    pool (gateway/offload.py). Other requests (the console and the management API, sync views)
-    keep a thread of their own, so a slow page never holds up another request.
+    /v1/ run those calls (brief, no I/O) on asgiref's one process-wide sync thread instead, and
+    their blocking work on the gateway's thread pool (gateway/offload.py). They are served by
+    `InferenceASGIHandler`, whose middleware is INFERENCE_MIDDLEWARE. Other requests (the console
+    and the management API, sync views) keep a thread of their own, so a slow page never holds up
+    another request.
     """
+
+    def __init__(self):
+        super().__init__()
+        self.inference = InferenceASGIHandler()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith(THREADLESS_PREFIX):
-            await self.handle(scope, receive, send)
+            await self.inference.handle(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
+
+
+class InferenceASGIHandler(ASGIHandler):
+    """Serves /v1/* behind settings.INFERENCE_MIDDLEWARE instead of settings.MIDDLEWARE.
+
+    The inference views use no session, user, message or CSRF token, and each of Django's own
+    middleware classes runs its hooks through a sync thread: two thread hops per class and
+    request, a fifth of a web process's CPU under load, for nothing this API uses."""
+
+    def load_middleware(self, is_async=False):
+        # Django builds the chain from settings.MIDDLEWARE; this runs once, when the process starts.
+        full = settings.MIDDLEWARE
+        settings.MIDDLEWARE = settings.INFERENCE_MIDDLEWARE
+        try:
+            super().load_middleware(is_async=is_async)
+        finally:
+            settings.MIDDLEWARE = full
 
 
 # What django.core.asgi.get_asgi_application() does, with the handler above, behind the request body

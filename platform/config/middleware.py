@@ -72,6 +72,24 @@ class StaticFilesMiddleware(SyncAndAsyncMiddleware):
         return await sync_to_async(self._whitenoise.find_file, thread_sensitive=False)(path)
 
 
+class ApiSecurityHeadersMiddleware(SyncAndAsyncMiddleware):
+    """The headers Django's SecurityMiddleware would add to an API response (`nosniff`, the
+    referrer policy), without its thread hops; the inference API redirects nothing to HTTPS (a
+    redirected POST would lose its body): a TLS proxy in front of it is the deployment's job."""
+
+    def _call(self, request):
+        return self._with_headers(self.get_response(request))
+
+    async def _acall(self, request):
+        return self._with_headers(await self.get_response(request))
+
+    @staticmethod
+    def _with_headers(response):
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        return response
+
+
 class RequestBodyLimit:
     """ASGI middleware: a request body over `limit` bytes is answered 413 with `Connection: close`
     here, before Django reads it (Django's ASGI handler reads a whole body, spooled to disk, before

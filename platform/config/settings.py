@@ -80,6 +80,12 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "console.middleware.ConsoleSecurityHeadersMiddleware",
 ]
+# The inference API (/v1/*) runs behind these only under ASGI (config/asgi.py): none of Django's own
+# middleware, whose hooks cost two sync-thread hops each per request for sessions, users and CSRF
+# tokens the API never uses.
+INFERENCE_MIDDLEWARE = [
+    "config.middleware.ApiSecurityHeadersMiddleware",
+]
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"

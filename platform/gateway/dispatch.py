@@ -15,7 +15,6 @@ Worker identities are unique per process start (workers/protocol.py), so a worke
 the same node name does not keep its previous process's requests alive.
 """
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -32,15 +31,12 @@ from catalog.readiness import state_reads as _state_reads
 from config.redis_client import REDIS_UNAVAILABLE, get_async_redis, get_redis
 from gateway.errors import ServiceUnavailable
 from gateway.offload import run_blocking
+from gateway.streams import stream_reader
 from quotas.settlement import usage_buffer as ledger_pending_put
 from quotas.settlement import usage_record as ledger_record
 from workers import protocol
 from workers.celery_app import app as celery_app
 from workers.protocol import RequestInput, Usage
-
-# How long a stream waits for Redis to come back before it ends with an error event.
-RELAY_OUTAGE_SECONDS = 30.0
-OUTAGE_RETRY_SECONDS = 0.5
 
 
 @dataclass
@@ -169,7 +165,7 @@ async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delt
     key = protocol.events_key(request.request_id)
     progress = _Progress(queue_deadline=time.monotonic() + settings.QUEUE_TIMEOUT_SECONDS)
     lease = _ReaderLease(request.request_id)
-    async with aclosing(_event_batches(key)) as batches:
+    async with aclosing(stream_reader().batches(key)) as batches:
         async for batch in batches:
             if batch is None:
                 progress.quiet_through_outage()
@@ -213,36 +209,11 @@ class _ReaderLease:
     async def renew_if_due(self) -> None:
         if time.monotonic() - self.renewed < protocol.READER_LEASE_SECONDS / 4:
             return
-        await get_async_redis().set(self.key, 1, ex=int(protocol.READER_LEASE_SECONDS))
-        self.renewed = time.monotonic()
-
-
-async def _event_batches(key: str) -> AsyncIterator[list[tuple[str, dict]] | None]:
-    """The request stream's new entries, read by blocking reads: [] after a quiet keep-alive
-    interval, None every OUTAGE_RETRY_SECONDS while Redis is unreachable.
-
-    A Redis restart is ridden out: reading resumes after the last entry seen, so nothing is lost or
-    repeated; the worker waits out the same outage (workers/serving.py). Past RELAY_OUTAGE_SECONDS
-    the Redis error is raised.
-    """
-    redis = get_async_redis()
-    block_ms = int(settings.SSE_KEEPALIVE_SECONDS * 1000)
-    last_id, outage_since = "0-0", None
-    while True:
         try:
-            reply = await redis.xread({key: last_id}, block=block_ms, count=256)
+            await get_async_redis().set(self.key, 1, ex=int(protocol.READER_LEASE_SECONDS))
         except REDIS_UNAVAILABLE:
-            outage_since = outage_since or time.monotonic()
-            if time.monotonic() - outage_since > RELAY_OUTAGE_SECONDS:
-                raise
-            await asyncio.sleep(OUTAGE_RETRY_SECONDS)
-            yield None
-            continue
-        outage_since = None
-        entries = reply[0][1] if reply else []
-        if entries:
-            last_id = entries[-1][0]
-        yield entries
+            return  # entries read before an outage are relayed during it: renewed with the next ones
+        self.renewed = time.monotonic()
 
 
 async def _final_usage(key: str, after_id: str) -> Usage | None:

@@ -244,52 +244,6 @@ def test_a_stream_the_server_stops_consuming_abandons_its_request_at_once(monkey
     assert abandoned == ["cmpl-stuck"]
 
 
-class _RestartingRedis:
-    """XREAD answers like a Redis that is down for the first `down` reads, then has `entries`."""
-
-    def __init__(self, down: int, entries: list):
-        self.down, self.entries, self.reads = down, entries, []
-
-    async def xread(self, streams, block, count):
-        self.reads.append(dict(streams))
-        if len(self.reads) <= self.down:
-            raise RedisConnectionError("Error while reading from 127.0.0.1:6379 : (104, 'Connection reset by peer')")
-        after = next(iter(streams.values()))
-        fresh = [(entry_id, fields) for entry_id, fields in self.entries if entry_id > after]
-        return [("req:x:ev", fresh)] if fresh else []
-
-
-@pytest.mark.asyncio
-async def test_a_stream_rides_out_a_redis_restart_and_resumes_where_it_was(monkeypatch):
-    from gateway import dispatch
-
-    redis = _RestartingRedis(down=0, entries=[("1-0", {"t": "delta", "x": "a", "n": "1"})])
-    monkeypatch.setattr(dispatch, "get_async_redis", lambda: redis)
-    monkeypatch.setattr(dispatch, "OUTAGE_RETRY_SECONDS", 0)
-    batches = dispatch._event_batches("req:x:ev")
-
-    assert await anext(batches) == [("1-0", {"t": "delta", "x": "a", "n": "1"})]
-    redis.down = len(redis.reads) + 2  # the next two reads fail: Redis restarts
-    redis.entries.append(("2-0", {"t": "delta", "x": "b", "n": "1"}))
-    assert [await anext(batches), await anext(batches)] == [None, None]
-    assert await anext(batches) == [("2-0", {"t": "delta", "x": "b", "n": "1"})]  # nothing lost, nothing repeated
-    assert [read["req:x:ev"] for read in redis.reads] == ["0-0", "1-0", "1-0", "1-0"]
-
-
-@pytest.mark.asyncio
-async def test_a_stream_gives_up_on_a_redis_that_stays_down(monkeypatch):
-    from gateway import dispatch
-
-    monkeypatch.setattr(dispatch, "get_async_redis", lambda: _RestartingRedis(down=10**6, entries=[]))
-    monkeypatch.setattr(dispatch, "OUTAGE_RETRY_SECONDS", 0.01)
-    monkeypatch.setattr(dispatch, "RELAY_OUTAGE_SECONDS", 0.1)
-    batches = dispatch._event_batches("req:x:ev")
-
-    with pytest.raises(RedisConnectionError):
-        async for batch in batches:
-            assert batch is None
-
-
 def test_every_middleware_runs_on_the_event_loop_under_asgi(settings, caplog):
     """A sync-only middleware would make Django adapt the stack around it, moving every request,
     the async inference views included, onto a thread (it logs each adaptation when DEBUG is on)."""
@@ -300,3 +254,48 @@ def test_every_middleware_runs_on_the_event_loop_under_asgi(settings, caplog):
         PlatformASGIHandler()  # loads the middleware stack in async mode
 
     assert not [r.getMessage() for r in caplog.records if "adapted" in r.getMessage()]
+
+
+async def _asgi_get(app, path: str) -> tuple[int, dict[bytes, bytes]]:
+    from asgiref.testing import ApplicationCommunicator
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"host", b"testserver")], "client": ("127.0.0.1", 1234), "server": ("testserver", 80),
+    }  # fmt: skip
+    communicator = ApplicationCommunicator(app, scope)
+    await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
+    start = await communicator.receive_output(timeout=60)
+    await communicator.receive_output(timeout=60)  # the body
+    return start["status"], dict(start["headers"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_inference_api_passes_through_none_of_djangos_own_middleware(monkeypatch):
+    """Each of Django's own middleware classes runs its hooks on a sync thread: the inference API
+    (none of whose views use a session, a user or a CSRF token) is served without them, with the
+    security headers an API response needs; the console still gets the whole stack."""
+    from django.contrib.sessions.middleware import SessionMiddleware
+    from django.middleware.security import SecurityMiddleware
+
+    from config.asgi import PlatformASGIHandler
+
+    hooks: list[str] = []
+    for cls in (SessionMiddleware, SecurityMiddleware):
+        original = cls.process_request
+
+        def recording(self, request, original=original, name=cls.__name__):
+            hooks.append(f"{name} {request.path}")
+            return original(self, request)
+
+        monkeypatch.setattr(cls, "process_request", recording)
+    app = PlatformASGIHandler()
+
+    status, headers = asyncio.run(_asgi_get(app, "/v1/models"))
+    assert status == 401  # no key: answered by the view, behind the inference middleware only
+    assert hooks == []
+    assert headers[b"X-Content-Type-Options"] == b"nosniff"
+
+    asyncio.run(_asgi_get(app, "/console/login/"))
+    assert hooks == ["SecurityMiddleware /console/login/", "SessionMiddleware /console/login/"]

@@ -1,0 +1,176 @@
+"""The gateway's one reader of the request streams per event loop (gateway/streams.py), against the
+suite's real Redis, and through an outage played by a fake."""
+
+import asyncio
+from contextlib import aclosing
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from gateway import streams
+
+pytestmark = pytest.mark.asyncio
+
+# Far longer than any wait below: a test that needed the keep-alive to pass would time out instead.
+KEEPALIVE_SECONDS = 120
+
+
+@pytest.fixture
+def reader(settings, redis_client):
+    settings.SSE_KEEPALIVE_SECONDS = KEEPALIVE_SECONDS
+    return streams.StreamReader()
+
+
+def _blocked_stream_reads(redis_client) -> int:
+    """Connections to this test's Redis database blocked in an XREAD right now."""
+    db = str(redis_client.connection_pool.connection_kwargs.get("db", 0))
+    return sum(
+        1
+        for client in redis_client.client_list()
+        if client["db"] == db and client["cmd"] == "xread" and "b" in client["flags"]
+    )
+
+
+async def _until(predicate, what: str) -> None:
+    async with asyncio.timeout(60):
+        while not predicate():
+            await asyncio.sleep(0.01)
+    assert predicate(), what
+
+
+async def test_many_open_streams_are_read_by_one_blocked_connection(reader, redis_client):
+    """The old design held one blocking XREAD (and one connection) per open stream."""
+    keys = [f"req:s{i}:ev" for i in range(40)]
+    readers = [aclosing(reader.batches(key)) for key in keys]
+    opened = [await stack.__aenter__() for stack in readers]
+    firsts = [asyncio.ensure_future(anext(batches)) for batches in opened]
+    try:
+        await _until(lambda: len(reader._subscriptions) == len(keys) and reader._reading, "all streams subscribed")
+        await _until(lambda: _blocked_stream_reads(redis_client) == 1, "one blocked read")
+        await asyncio.sleep(0.2)  # room for any other reader a regression would start
+        assert _blocked_stream_reads(redis_client) == 1
+
+        pipe = redis_client.pipeline()
+        for i, key in enumerate(keys):
+            pipe.xadd(key, {"t": "delta", "x": f"text {i}", "n": "1"})
+        pipe.execute()
+        async with asyncio.timeout(60):
+            batches = await asyncio.gather(*firsts)
+        assert [batch[0][1]["x"] for batch in batches] == [f"text {i}" for i in range(len(keys))]
+    finally:
+        for stack in readers:
+            await stack.__aexit__(None, None, None)
+    assert reader._subscriptions == {}
+
+
+async def test_a_stream_opened_during_a_blocked_read_gets_its_entries_without_waiting_for_the_read(
+    reader, redis_client
+):
+    async with aclosing(reader.batches("req:first:ev")) as first:
+        pending_first = asyncio.ensure_future(anext(first))
+        await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the first stream")
+
+        async with aclosing(reader.batches("req:second:ev")) as second:
+            pending_second = asyncio.ensure_future(anext(second))
+            redis_client.xadd("req:second:ev", {"t": "start", "w": "worker-1"})
+            # Without a wake, the read in flight (first stream only) would hold it for the keep-alive.
+            async with asyncio.timeout(KEEPALIVE_SECONDS / 4):
+                batch = await pending_second
+            assert batch[0][1] == {"t": "start", "w": "worker-1"}
+            assert not pending_first.done()
+
+        redis_client.xadd("req:first:ev", {"t": "done", "u": "{}"})
+        async with asyncio.timeout(60):
+            assert (await pending_first)[0][1]["t"] == "done"
+
+
+async def test_a_stream_reads_what_was_written_before_it_opened_and_nothing_twice(reader, redis_client):
+    redis_client.xadd("req:early:ev", {"t": "start", "w": "w"})
+    async with aclosing(reader.batches("req:early:ev")) as batches:
+        assert [fields["t"] for _, fields in await anext(batches)] == ["start"]
+        redis_client.xadd("req:early:ev", {"t": "delta", "x": "a", "n": "1"})
+        assert [fields["t"] for _, fields in await anext(batches)] == ["delta"]
+
+
+async def test_a_quiet_stream_yields_an_empty_batch_after_the_keepalive(settings, redis_client):
+    settings.SSE_KEEPALIVE_SECONDS = 0.05
+    async with aclosing(streams.StreamReader().batches("req:quiet:ev")) as batches:
+        assert await anext(batches) == []
+
+
+class _RestartingRedis:
+    """XREAD of a Redis that restarts: `failures` reads fail (a blocked read fails as it is woken),
+    then the read answers with the entries past the stream's id, blocking until there are some."""
+
+    def __init__(self, entries: list):
+        self.entries, self.failures, self.reads = entries, 0, []
+        self.changed = asyncio.Event()
+        self.wakes = 0
+
+    def pipeline(self, transaction):
+        return _WakePipeline(self)
+
+    def restart(self, failures: int, *new_entries) -> None:
+        self.failures = failures
+        self.entries.extend(new_entries)
+        self.changed.set()
+
+    async def xread(self, streams_, block, count):
+        self.reads.append(dict(streams_))
+        after = streams_["req:x:ev"]
+        while True:
+            if self.failures:
+                self.failures -= 1
+                raise RedisConnectionError(
+                    "Error while reading from 127.0.0.1:6379 : (104, 'Connection reset by peer')"
+                )
+            fresh = [(entry_id, fields) for entry_id, fields in self.entries if entry_id > after]
+            if fresh:
+                return [("req:x:ev", fresh)]
+            if self.wakes:
+                self.wakes -= 1
+                wake_key = next(key for key in streams_ if key != "req:x:ev")
+                return [(wake_key, [("1-0", {"w": "1"})])]
+            self.changed.clear()
+            async with asyncio.timeout(block / 1000):
+                await self.changed.wait()
+
+
+class _WakePipeline:
+    def __init__(self, redis: _RestartingRedis):
+        self.redis = redis
+
+    def xadd(self, *args, **kwargs):
+        self.redis.wakes += 1
+
+    def expire(self, *args):
+        pass
+
+    async def execute(self):
+        self.redis.changed.set()
+
+
+async def test_a_stream_rides_out_a_redis_restart_and_resumes_where_it_was(monkeypatch, settings):
+    settings.SSE_KEEPALIVE_SECONDS = KEEPALIVE_SECONDS
+    redis = _RestartingRedis(entries=[("1-0", {"t": "delta", "x": "a", "n": "1"})])
+    monkeypatch.setattr(streams, "get_async_redis", lambda: redis)
+    monkeypatch.setattr(streams, "OUTAGE_RETRY_SECONDS", 0)
+    async with aclosing(streams.StreamReader().batches("req:x:ev")) as batches:
+        assert await anext(batches) == [("1-0", {"t": "delta", "x": "a", "n": "1"})]
+        redis.restart(2, ("2-0", {"t": "delta", "x": "b", "n": "1"}))  # the next two reads fail
+        assert [await anext(batches), await anext(batches)] == [None, None]
+        assert await anext(batches) == [("2-0", {"t": "delta", "x": "b", "n": "1"})]  # nothing lost or repeated
+    assert [read["req:x:ev"] for read in redis.reads[:4]] == ["0-0", "1-0", "1-0", "1-0"]
+
+
+async def test_a_stream_gives_up_on_a_redis_that_stays_down(monkeypatch, settings):
+    settings.SSE_KEEPALIVE_SECONDS = KEEPALIVE_SECONDS
+    redis = _RestartingRedis(entries=[])
+    redis.failures = 10**6
+    monkeypatch.setattr(streams, "get_async_redis", lambda: redis)
+    monkeypatch.setattr(streams, "OUTAGE_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(streams, "RELAY_OUTAGE_SECONDS", 0.1)
+    with pytest.raises(RedisConnectionError):
+        async with aclosing(streams.StreamReader().batches("req:x:ev")) as batches:
+            async for batch in batches:
+                assert batch is None
