@@ -24,6 +24,15 @@ only, warm caches) or a new one (node start, image pull, first model load, compi
 nodes are capped at `--max-nodes` and a node idle for the cluster autoscaler's
 scale-down-unneeded-time is removed. GPU-hours count every node from its request to its removal.
 Waits are measured in whole seconds (the step): a wait of 0 means under a second.
+
+Warm spare nodes (the operator policy's `warmSpareNodes`): each pool's spare Deployment holds the
+placeholder pods `scaling.plan()` asks for; all placeholders together form one buffer that a worker of
+any pool preempts when no node is free (the scheduler does not care which Deployment a lower-priority
+pod belongs to). The worker then starts on that node after the placeholder's exit; the evicted
+placeholder takes a node a worker leaves, or the cluster autoscaler adds one for it. A placeholder
+runs the worker image, so its node has the image once the pull is done; the worker there loads warm
+(56 s), which assumes the model cache (weights and vLLM compile cache) is shared by the pool's nodes
+(`modelCache.type: pvc`). Spare nodes count in the GPU-hours.
 """
 
 from __future__ import annotations
@@ -76,6 +85,8 @@ class Fleet:
     cold_load_seconds: int = 147
     warm_load_seconds: int = 56
     node_idle_removal_seconds: int = 600  # cluster autoscaler --scale-down-unneeded-time (default)
+    # A worker that preempts a warm spare's placeholder pod waits for it to exit (its grace period).
+    spare_eviction_seconds: int = 5
     queue_timeout_seconds: int = 600  # config.queueTimeoutSeconds in values-a10g.yaml
     operator_interval_seconds: int = 15  # POOLSCALER_INTERVAL_SECONDS default
     utilisation_target: float = 0.7  # streams per replica the static fleet and the operator aim at
@@ -130,15 +141,18 @@ def default_pools(count: int, fleet: Fleet, rng: np.random.Generator) -> list[Po
             pool=f"pool-{index:02d}",
             gpu_kind="a10g",
             worker_deployment=f"worker-{index:02d}",
-            # values-a10g.yaml: interactive pools keep a worker, target 2 s, cooldown 900 s, and a
+            # values-a10g.yaml: interactive pools keep a worker, target 2 s, cooldown 300 s, and a
             # tokens/s target at ~70% of a replica's plateau; the batch pool scales to zero, target 30 s.
             min_replicas=0 if batch else 1,
             max_replicas=max(2, math.ceil(peak_replicas * 2.0)),
             target_queue_wait_seconds=30.0 if batch else 2.0,
             target_tokens_per_second_per_replica=None if batch else VALUES_A10G_TOKENS_TARGET,
-            scale_down_cooldown_seconds=1200.0 if batch else 900.0,
+            scale_down_cooldown_seconds=1200.0 if batch else 300.0,
             allow_scale_to_zero=batch,
             drain_timeout_seconds=540.0,
+            # Bursty pools keep warm spare nodes, about one per 10 replicas of their peak.
+            warm_spare_nodes=math.ceil(peak_replicas / 10) if shape == "bursty" else 0,
+            spare_deployment=f"worker-{index:02d}-spare",
         )
         pools.append(
             PoolProfile(
@@ -195,6 +209,8 @@ class Node:
     used: bool = False  # has run a worker (image pulled, compile cache warm)
     pod: Pod | None = None
     idle_since: int | None = None
+    spare: bool = False  # holds a warm spare's placeholder pod (lowest priority)
+    warm_at: int | None = None  # a placeholder pulled the worker image here by then
 
 
 @dataclasses.dataclass(eq=False)
@@ -227,8 +243,12 @@ class Cluster:
         self.pod_starts = 0
         self.new_nodes = 0
         self.counter = 0
-        self.terminating: set[Pod] = set()
+        # Insertion-ordered (a set would iterate in id() order: runs of one seed would differ).
+        self.terminating: dict[Pod, None] = {}
         self.dirty = True  # which workers take tasks changed since the simulation last looked
+        self.spares_wanted = [0] * pools  # placeholder replicas of each pool's spare Deployment
+        self.spare_nodes: list[Node] = []
+        self.spare_takes = 0  # workers placed on a spare's node
 
     def at(self, time: int, kind: str, subject: object) -> None:
         self._seq += 1
@@ -250,14 +270,56 @@ class Cluster:
             for pod in sorted(alive, key=_deletion_rank)[: len(alive) - replicas]:
                 self._delete(pod, now, inflight)
 
+    def set_spares(self, pool: int, count: int, now: int) -> None:
+        """The operator scaled the pool's spare Deployment to `count` placeholder pods."""
+        if self.spares_wanted[pool] != count:
+            self.spares_wanted[pool] = count
+            self._balance_spares(now)
+
+    def _balance_spares(self, now: int) -> None:
+        """Placeholders are one scheduling pool whatever Deployment they belong to: a worker of any
+        pool preempts any of them. A placeholder without a node is Pending, and the cluster
+        autoscaler adds a node for it (or it takes a node a worker left)."""
+        wanted = sum(self.spares_wanted)
+        while len(self.spare_nodes) > wanted:  # scaled down: the newest placeholder goes first
+            node = self.spare_nodes.pop()
+            node.spare = False
+            if node.ready_at <= now:
+                self._node_free(node, now)
+        while len(self.spare_nodes) < wanted:
+            free = [node for node in self.nodes if node.pod is None and not node.spare]
+            if free:
+                node = max(free, key=lambda node: (node.ready_at <= now, node.used))
+                node.spare, node.idle_since = True, None
+            elif len(self.nodes) < self.fleet.max_nodes:
+                node = Node(ready_at=now + self.fleet.node_start_seconds, spare=True)
+                self.nodes.append(node)
+                self.new_nodes += 1
+                self.at(node.ready_at, "node-ready", node)
+            else:
+                break
+            if node.ready_at <= now and node.warm_at is None:
+                node.warm_at = now + self.fleet.image_pull_seconds
+            self.spare_nodes.append(node)
+
     def _place(self, pod: Pod, now: int) -> None:
-        free = [node for node in self.nodes if node.pod is None]
+        free = [node for node in self.nodes if node.pod is None and not node.spare]
         if free:  # an idle node, or one still starting whose pod was deleted meanwhile
             node = min(free, key=lambda node: node.ready_at)
             if node.ready_at <= now:
                 self._bind(pod, node, now)
             else:
                 node.pod, pod.node = pod, node
+        elif self.spare_nodes:  # preempt a placeholder: a node that is up (or the soonest up)
+            node = min(self.spare_nodes, key=lambda node: (node.ready_at > now, not _warm(node, now), node.ready_at))
+            self.spare_nodes.remove(node)
+            node.spare = False
+            self.spare_takes += 1
+            if node.ready_at <= now:
+                self._bind(pod, node, now, delay=self.fleet.spare_eviction_seconds)
+            else:
+                node.pod, pod.node = pod, node
+            self._balance_spares(now)
         elif len(self.nodes) < self.fleet.max_nodes:
             node = Node(ready_at=now + self.fleet.node_start_seconds, pod=pod)
             self.nodes.append(node)
@@ -267,14 +329,20 @@ class Cluster:
         else:
             self.pending.append(pod)
 
-    def _bind(self, pod: Pod, node: Node, now: int) -> None:
+    def _bind(self, pod: Pod, node: Node, now: int, delay: int = 0) -> None:
         node.pod, node.idle_since, pod.node = pod, None, node
-        self._load(pod, node, now)
+        self._load(pod, node, now, delay)
 
-    def _load(self, pod: Pod, node: Node, now: int) -> None:
+    def _load(self, pod: Pod, node: Node, now: int, delay: int = 0) -> None:
         fleet = self.fleet
         pod.scheduled = True
-        load = fleet.warm_load_seconds if node.used else fleet.image_pull_seconds + fleet.cold_load_seconds
+        if node.used or _warm(node, now):
+            load = fleet.warm_load_seconds
+        elif node.warm_at is not None:  # the placeholder is still pulling the image
+            load = node.warm_at - now + fleet.warm_load_seconds
+        else:
+            load = fleet.image_pull_seconds + fleet.cold_load_seconds
+        load += delay
         node.used = True
         pod.ready_at = now + load
         self.pod_starts += 1
@@ -286,10 +354,10 @@ class Cluster:
         if not pod.ready or inflight[pod.pool, pod.slot] <= 1e-9:
             self._gone(pod, now)
         else:
-            self.terminating.add(pod)
+            self.terminating[pod] = None
 
     def _gone(self, pod: Pod, now: int) -> None:
-        self.terminating.discard(pod)
+        self.terminating.pop(pod, None)
         self.pods[pod.pool].remove(pod)
         self.free_slots[pod.pool].append(pod.slot)
         if pod in self.pending:
@@ -303,6 +371,11 @@ class Cluster:
     def _node_free(self, node: Node, now: int) -> None:
         if self.pending:
             self._bind(self.pending.popleft(), node, now)
+        elif len(self.spare_nodes) < sum(self.spares_wanted):  # a Pending placeholder takes it
+            node.spare, node.idle_since = True, None
+            if node.warm_at is None:
+                node.warm_at = now + self.fleet.image_pull_seconds
+            self.spare_nodes.append(node)
         else:
             node.idle_since = now
             self.at(now + self.fleet.node_idle_removal_seconds, "node-idle", node)
@@ -315,6 +388,8 @@ class Cluster:
                 node = subject
                 if node.pod is not None:
                     self._load(node.pod, node, now)
+                elif node.spare:  # its placeholder starts: the image pull begins
+                    node.warm_at = now + self.fleet.image_pull_seconds
                 else:
                     self._node_free(node, now)
             elif kind == "pod-ready":
@@ -326,12 +401,19 @@ class Cluster:
                 node = subject
                 if (
                     node.pod is None
+                    and not node.spare
+                    and node in self.nodes
                     and node.idle_since is not None
                     and now - node.idle_since >= self.fleet.node_idle_removal_seconds
                 ):
                     self.nodes.remove(node)
         for pod in [p for p in self.terminating if inflight[p.pool, p.slot] <= 1e-9]:
             self._gone(pod, now)
+
+
+def _warm(node: Node, now: int) -> bool:
+    """A worker placed here now needs only the warm load (see Fleet: the model cache assumption)."""
+    return node.used or (node.warm_at is not None and node.warm_at <= now)
 
 
 def _deletion_rank(pod: Pod) -> tuple:
@@ -389,7 +471,11 @@ class OperatorPolicy:
         for name in decision.start_drain:
             if (pod := by_name.get(name)) is not None:
                 pod.draining, pod.drain_requested_at = True, float(now)
+        cluster.set_spares(index, decision.spares, now)
         self.states[index] = decision.state
+
+    def initial_spares(self, index: int) -> int:
+        return scaling.spare_replicas(self.specs[index], self.initial(index))
 
 
 class StaticPolicy:
@@ -400,6 +486,9 @@ class StaticPolicy:
 
     def initial(self, index: int) -> int:
         return self.replicas[index]
+
+    def initial_spares(self, index: int) -> int:
+        return 0
 
     def tick(self, index: int, now: int, sim: Simulation) -> None:
         pass
@@ -420,6 +509,9 @@ class QueueLengthPolicy:
 
     def initial(self, index: int) -> int:
         return self.specs[index].min_replicas
+
+    def initial_spares(self, index: int) -> int:
+        return 0
 
     def tick(self, index: int, now: int, sim: Simulation) -> None:
         spec, current = self.specs[index], sim.cluster.replicas[index]
@@ -471,6 +563,7 @@ class Simulation:
         self.dropped = np.zeros(count)
         self.tokens_per_second = np.zeros(count)
         self.node_seconds = 0
+        self.spare_node_seconds = 0  # nodes held by warm spares' placeholders (in node_seconds too)
         self.timeline: list[tuple[int, int, float]] = []  # (time, nodes, streams in flight)
 
     # the control plane's demand document
@@ -517,7 +610,7 @@ class Simulation:
             if now == self.warmup:  # measure from here
                 self.wait_histogram[:] = 0
                 self.dropped[:] = 0
-                cluster.pod_starts = cluster.new_nodes = 0
+                cluster.pod_starts = cluster.new_nodes = cluster.spare_takes = 0
             cluster.advance(now, self.inflight)
             for index in range(count):
                 if now % interval == ticks[index]:
@@ -530,6 +623,7 @@ class Simulation:
             streams = self._step(now, accepting)
             if now >= self.warmup:
                 self.node_seconds += len(cluster.nodes)
+                self.spare_node_seconds += len(cluster.spare_nodes)
                 if now % 60 == 0:
                     self.timeline.append((now, len(cluster.nodes), float(streams.sum())))
         return self.summary()
@@ -540,6 +634,10 @@ class Simulation:
             self.cluster.scale(index, max(self.initial[index], self.policy.initial(index)), 0, self.inflight)
         for pod in (pod for pods in self.cluster.pods for pod in pods):
             pod.node.ready_at, pod.node.used, pod.ready, pod.ready_at, pod.scheduled = 0, True, True, 0, True
+        for index in range(len(self.pools)):
+            self.cluster.set_spares(index, self.policy.initial_spares(index), 0)
+        for node in self.cluster.spare_nodes:
+            node.ready_at, node.warm_at = 0, 0
         self.cluster.events.clear()
         self.cluster.new_nodes = 0
 
@@ -589,6 +687,8 @@ class Simulation:
             "served": int(round(served)),
             "dropped": int(round(self.dropped.sum())),
             "pod_starts": self.cluster.pod_starts,
+            "spare_gpu_hours": round(self.spare_node_seconds / 3600, 1),
+            "workers_on_spares": self.cluster.spare_takes,
             "new_nodes": self.cluster.new_nodes,
             "peak_nodes": max(nodes for _, nodes, _ in self.timeline),
         }
@@ -716,6 +816,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = simulate(pools=args.pools, hours=args.hours, seed=args.seed, fleet=Fleet(max_nodes=args.max_nodes))
     print(table(report))
     print(f"static replicas per pool: {report['static_replicas']} (sum {sum(report['static_replicas'])})")
+    spares = {r["policy"]: r["spare_gpu_hours"] for r in report["results"] if r["spare_gpu_hours"]}
+    print(f"of which warm spare nodes (GPU-hours): {json.dumps(spares)}")
     print(f"goal (operator vs static): {json.dumps(report['goal'])}")
     if args.plot and plot(report, args.plot):
         print(f"plot: {args.plot}")

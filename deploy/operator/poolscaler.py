@@ -352,6 +352,7 @@ async def autoscale(
         patch.status["conditions"] = set_condition(conditions, "Ready", False, "ScaleFailed", message, now)
         raise kopf.TemporaryError(message, delay=memo.config.retry_seconds) from exc
 
+    spares = await _keep_spares(decision, pool, namespace, memo, logger, body)
     conditions = set_condition(conditions, "Ready", True, "Reconciled", decision.reason, now)
     conditions = set_condition(
         conditions,
@@ -366,11 +367,36 @@ async def autoscale(
             "observedGeneration": meta.get("generation"),
             "replicas": replicas,
             "desiredReplicas": decision.desired,
+            "spareReplicas": spares,
             "lastDemand": demand.summary(now),
             **state.to_status(),
             "conditions": conditions,
         }
     )
+
+
+async def _keep_spares(
+    decision: scaling.Plan, pool: scaling.PoolSpec, namespace: str, memo: kopf.Memo, logger: Any, body: kopf.Body
+) -> int | None:
+    """Scale the pool's placeholder Deployment to the plan's spares; return its replicas (None
+    when the pool has none or it cannot be read). A failure here is a warning, not a failed
+    reconcile: the workers were already scaled, and the next reconcile tries again."""
+    if not pool.spare_deployment:
+        return None
+    cluster: Cluster = memo.cluster
+    try:
+        current, _ = await cluster.deployment(namespace, pool.spare_deployment)
+        if current != decision.spares:
+            await cluster.scale(namespace, pool.spare_deployment, decision.spares)
+            message = f"{pool.spare_deployment}: warm spare nodes {current} -> {decision.spares}"
+            logger.info(message)
+            announce(body, "SparesScaled", message)
+        return decision.spares
+    except (DeploymentNotFoundError, ApiException) as exc:
+        message = f"cannot scale the spare Deployment {pool.spare_deployment} (retried later): {exc}"
+        logger.warning(message)
+        announce(body, "SparesFailed", message, warning=True)
+        return None
 
 
 async def _carry_out(

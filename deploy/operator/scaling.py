@@ -49,6 +49,11 @@ class PoolSpec:
     scale_down_cooldown_seconds: float = 300.0
     allow_scale_to_zero: bool = False
     drain_timeout_seconds: float = 600.0
+    # Warm spare nodes: placeholder pods of `spare_deployment` (lowest priority, one GPU each) that
+    # keep that many GPU nodes up with the worker image pulled, so a scale-up preempts one and its
+    # worker starts on a ready node instead of waiting for a new one. See spare_replicas().
+    warm_spare_nodes: int = 0
+    spare_deployment: str | None = None
 
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> PoolSpec:
@@ -69,28 +74,36 @@ class PoolSpec:
             scale_down_cooldown_seconds=_number(spec, "scaleDownCooldownSeconds", 300.0),
             allow_scale_to_zero=_bool(spec, "allowScaleToZero", False),
             drain_timeout_seconds=_number(spec, "drainTimeoutSeconds", 600.0),
+            warm_spare_nodes=_int(spec, "warmSpareNodes", 0),
+            spare_deployment=_optional_str(spec, "spareDeployment"),
         )
         parsed._check()
         return parsed
 
     def _check(self) -> None:
-        problems = []
-        if self.min_replicas < 0:
-            problems.append("minReplicas must be >= 0")
-        if self.max_replicas < 1:
-            problems.append("maxReplicas must be >= 1")
-        if self.min_replicas > self.max_replicas:
-            problems.append("minReplicas must not exceed maxReplicas")
-        if self.min_replicas == 0 and not self.allow_scale_to_zero:
-            problems.append("minReplicas may be 0 only when allowScaleToZero is true")
-        if self.target_queue_wait_seconds <= 0:
-            problems.append("targetQueueWaitSeconds must be > 0")
-        if self.target_tokens_per_second_per_replica is not None and self.target_tokens_per_second_per_replica <= 0:
-            problems.append("targetTokensPerSecondPerReplica must be > 0")
-        if self.scale_down_cooldown_seconds < 0:
-            problems.append("scaleDownCooldownSeconds must be >= 0")
-        if self.drain_timeout_seconds < 0:
-            problems.append("drainTimeoutSeconds must be >= 0")
+        tokens_target = self.target_tokens_per_second_per_replica
+        rules = (
+            (self.min_replicas < 0, "minReplicas must be >= 0"),
+            (self.max_replicas < 1, "maxReplicas must be >= 1"),
+            (self.min_replicas > self.max_replicas, "minReplicas must not exceed maxReplicas"),
+            (
+                self.min_replicas == 0 and not self.allow_scale_to_zero,
+                "minReplicas may be 0 only when allowScaleToZero is true",
+            ),
+            (self.target_queue_wait_seconds <= 0, "targetQueueWaitSeconds must be > 0"),
+            (
+                tokens_target is not None and tokens_target <= 0,
+                "targetTokensPerSecondPerReplica must be > 0",
+            ),
+            (self.scale_down_cooldown_seconds < 0, "scaleDownCooldownSeconds must be >= 0"),
+            (self.drain_timeout_seconds < 0, "drainTimeoutSeconds must be >= 0"),
+            (self.warm_spare_nodes < 0, "warmSpareNodes must be >= 0"),
+            (
+                self.warm_spare_nodes > 0 and not self.spare_deployment,
+                "warmSpareNodes needs spareDeployment (the Deployment of the placeholder pods)",
+            ),
+        )
+        problems = [message for failed, message in rules if failed]
         if problems:
             raise InvalidSpecError("; ".join(problems))
 
@@ -99,6 +112,15 @@ def _required_str(spec: Mapping[str, Any], key: str) -> str:
     value = spec.get(key)
     if not isinstance(value, str) or not value:
         raise InvalidSpecError(f"{key} is required and must be a non-empty string")
+    return value
+
+
+def _optional_str(spec: Mapping[str, Any], key: str) -> str | None:
+    value = spec.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidSpecError(f"{key} must be a string")
     return value
 
 
@@ -301,9 +323,25 @@ def desired_replicas(spec: PoolSpec, demand: Demand, current: int) -> int:
     return max(replica_floor(spec), min(spec.max_replicas, max(votes)))
 
 
+def spare_replicas(spec: PoolSpec, replicas: int) -> int:
+    """Placeholder pods the spare Deployment should run next to `replicas` workers.
+
+    A placeholder holds a GPU node that a worker of any pool preempts when it finds no free node:
+    the worker then starts on a node that is up, with the image pulled (on A10G about a minute with
+    a shared model cache, against ~5.5 minutes on a new node; docs/operator.md), and the cluster
+    autoscaler adds a node for the evicted placeholder in the background. A pool at maxReplicas
+    can never use its spares, so it keeps only as many as it has room to grow
+    (`maxReplicas - replicas`): no GPU-hours held for nothing.
+    """
+    if not spec.spare_deployment:
+        return 0
+    return max(0, min(spec.warm_spare_nodes, spec.max_replicas - replicas))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Plan:
-    """What to do now. `replicas` is None when the Deployment's scale stays as it is."""
+    """What to do now. `replicas` is None when the Deployment's scale stays as it is. `spares` is
+    the placeholder count of the pool's spare Deployment after this step (see spare_replicas)."""
 
     desired: int
     replicas: int | None
@@ -311,6 +349,7 @@ class Plan:
     cancel_drain: tuple[str, ...]
     state: PoolState
     reason: str
+    spares: int = 0
 
 
 def plan(
@@ -339,7 +378,10 @@ def plan(
     else:
         step = _decide(spec, demand, current, pods, state, desired, now)
     stale = _stale_drains(pods, step.state.draining, now, spec.drain_timeout_seconds + stale_drain_grace_seconds)
-    return dataclasses.replace(step, cancel_drain=tuple(dict.fromkeys(step.cancel_drain + stale)))
+    replicas = current if step.replicas is None else step.replicas
+    return dataclasses.replace(
+        step, cancel_drain=tuple(dict.fromkeys(step.cancel_drain + stale)), spares=spare_replicas(spec, replicas)
+    )
 
 
 def _decide(

@@ -70,3 +70,55 @@ def test_the_simulated_replicaset_deletes_unscheduled_then_not_ready_then_draine
     ]
     order = [p.name for p in sorted(pods, key=fleet_sim._deletion_rank)]
     assert order == ["waiting-for-a-node", "loading", "old-drained", "newest", "old"]
+
+
+def test_a_worker_that_finds_no_free_node_preempts_a_warm_spare_which_then_gets_a_new_node():
+    fleet = fleet_sim.Fleet()
+    cluster = fleet_sim.Cluster(fleet, pools=2, slots=4)
+    inflight = np.zeros((2, 4))
+    cluster.set_spares(1, 1, 0)  # pool 1's spare Deployment asks for one placeholder
+    (spare,) = cluster.spare_nodes
+    cluster.advance(fleet.node_start_seconds, inflight)  # its node is up: the image pull starts
+    assert spare.warm_at == fleet.node_start_seconds + fleet.image_pull_seconds
+    now = spare.warm_at + 10
+    cluster.advance(now, inflight)
+
+    cluster.scale(0, 1, now, inflight)  # a worker of another pool, and no free node
+
+    (pod,) = cluster.pods[0]
+    assert pod.node is spare and cluster.spare_takes == 1
+    assert pod.ready_at == now + fleet.spare_eviction_seconds + fleet.warm_load_seconds
+    # The evicted placeholder is Pending: the autoscaler adds a node for it; both are charged.
+    (replacement,) = cluster.spare_nodes
+    assert replacement is not spare and replacement.ready_at == now + fleet.node_start_seconds
+    assert len(cluster.nodes) == 2 and cluster.new_nodes == 2
+
+    cluster.scale(0, 2, now, inflight)  # the spare's node is not up yet: no warm start there
+    second = cluster.pods[0][1]
+    cluster.advance(replacement.ready_at, inflight)
+    assert second.node is replacement and cluster.spare_nodes[0] is not replacement and len(cluster.nodes) == 3
+    assert second.ready_at == replacement.ready_at + fleet.image_pull_seconds + fleet.cold_load_seconds
+
+
+def test_a_node_a_worker_leaves_goes_to_a_pending_placeholder_before_it_idles():
+    fleet = fleet_sim.Fleet(max_nodes=1)
+    cluster = fleet_sim.Cluster(fleet, pools=1, slots=4)
+    inflight = np.zeros((1, 4))
+    cluster.scale(0, 1, 0, inflight)
+    cluster.advance(fleet.node_start_seconds, inflight)
+    cluster.set_spares(0, 1, 400)  # at the node cap: the placeholder waits
+    assert not cluster.spare_nodes
+    (pod,) = cluster.pods[0]
+    node = pod.node
+    cluster.scale(0, 0, 500, inflight)
+    assert cluster.spare_nodes == [node] and node.spare and node.idle_since is None
+    cluster.advance(500 + fleet.node_idle_removal_seconds, inflight)
+    assert cluster.nodes == [node]  # a spare's node is never removed as idle
+
+
+def test_only_the_operator_keeps_warm_spares_and_they_count_in_its_gpu_hours(report):
+    spares = {result["policy"]: result["spare_gpu_hours"] for result in report["results"]}
+    assert spares["static"] == spares["queue"] == 0
+    for name, hours in spares.items():
+        if name.startswith("operator"):
+            assert 0 < hours < next(r["gpu_hours"] for r in report["results"] if r["policy"] == name)

@@ -108,6 +108,7 @@ def _modelpool(namespace: str, **spec) -> dict:
         ({"minReplicas": 3, "maxReplicas": 2}, "minReplicas must not exceed maxReplicas"),
         ({"minReplicas": 0}, "minReplicas may be 0 only when allowScaleToZero is true"),
         ({"minReplicas": 0, "allowScaleToZero": False}, "minReplicas may be 0 only when allowScaleToZero is true"),
+        ({"warmSpareNodes": 1}, "warmSpareNodes needs spareDeployment"),
     ],
 )
 def test_the_api_server_rejects_modelpools_that_break_the_crds_cel_rules(kube, spec, message):
@@ -120,7 +121,13 @@ def test_the_api_server_rejects_modelpools_that_break_the_crds_cel_rules(kube, s
 
 
 @pytest.mark.parametrize(
-    "spec", [{"minReplicas": 0, "allowScaleToZero": True}, {"minReplicas": 2, "maxReplicas": 2}, {}]
+    "spec",
+    [
+        {"minReplicas": 0, "allowScaleToZero": True},
+        {"minReplicas": 2, "maxReplicas": 2},
+        {},
+        {"warmSpareNodes": 2, "spareDeployment": "w-spare"},
+    ],
 )
 def test_the_api_server_admits_modelpools_within_the_rules(kube, spec):
     namespace = kube.namespace("cel-rules")

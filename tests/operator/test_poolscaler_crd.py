@@ -43,6 +43,7 @@ def test_the_status_schema_holds_everything_the_operator_records():
         "observedGeneration",
         "replicas",
         "desiredReplicas",
+        "spareReplicas",
         "lastDemand",
         "conditions",
     }

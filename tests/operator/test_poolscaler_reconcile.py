@@ -298,3 +298,23 @@ async def test_the_kopf_command_of_the_image_runs_the_operator(kube, control_pla
         output, _ = await asyncio.wait_for(process.communicate(), timeout=20)
     assert process.returncode == 0, output.decode()[-2000:]
     assert b"scale up 1 -> 3" in output
+
+
+async def test_it_keeps_the_warm_spares_within_the_room_the_pool_has_to_grow(kube, control_plane, start_operator):
+    spare = f"{DEPLOYMENT}-spare"
+    seed(kube, replicas=1, pods={"w-a": True}, maxReplicas=3, warmSpareNodes=2, spareDeployment=spare)
+    kube.objects[DEPLOYMENTS, NAMESPACE, spare] = deployment(0) | {
+        "metadata": {"name": spare, "namespace": NAMESPACE, "uid": "5b2a-spare", "resourceVersion": "1"}
+    }
+    control_plane.set_pool(POOL, workers={"w-a": 1})
+
+    await start_operator()
+
+    # One worker of at most three: room for two more, so both spares are kept.
+    await eventually(lambda: kube.objects[DEPLOYMENTS, NAMESPACE, spare]["spec"]["replicas"] == 2, what="2 spares")
+    await eventually(lambda: pool_status(kube).get("spareReplicas") == 2, what="spareReplicas recorded")
+    # Scaled to its maximum, the pool can use no spare: the placeholders go.
+    control_plane.set_pool(POOL, workers={"w-a": 1}, queue_depth=500, oldest_queued_wait_seconds=60)
+    await settled_at(kube, 3)
+    await eventually(lambda: kube.objects[DEPLOYMENTS, NAMESPACE, spare]["spec"]["replicas"] == 0, what="0 spares")
+    assert replicas(kube) == 3

@@ -18,6 +18,7 @@ from scaling import (
     format_time,
     parse_time,
     plan,
+    spare_replicas,
 )
 
 NOW = 1_800_000_000.0
@@ -377,3 +378,40 @@ def test_a_stray_drain_mark_is_cleared_before_the_scale_down():
     assert step.state.draining == ("b",)
     cleared = [PodView(name="a", ready=True), PodView(name="b", ready=True), PodView(name="x", ready=True)]
     assert plan(spec=SPEC, demand=reading, current=3, pods=cleared, state=state, now=NOW).replicas == 2
+
+
+SPARE_SPEC = dataclasses.replace(SPEC, warm_spare_nodes=2, spare_deployment="gemma-worker-tiny-spare")
+
+
+def test_warm_spares_need_their_deployment_and_a_count_of_at_least_zero():
+    base = {"model": "m", "pool": "p", "gpuKind": "a10g", "workerDeployment": "w", "maxReplicas": 4}
+    with pytest.raises(InvalidSpecError, match="warmSpareNodes needs spareDeployment"):
+        PoolSpec.from_spec(base | {"warmSpareNodes": 1})
+    with pytest.raises(InvalidSpecError, match="warmSpareNodes must be >= 0"):
+        PoolSpec.from_spec(base | {"warmSpareNodes": -1, "spareDeployment": "s"})
+    parsed = PoolSpec.from_spec(base | {"warmSpareNodes": 3, "spareDeployment": "s"})
+    assert (parsed.warm_spare_nodes, parsed.spare_deployment) == (3, "s")
+
+
+def test_a_pool_keeps_its_warm_spares_only_while_it_has_room_to_grow():
+    assert spare_replicas(SPARE_SPEC, 1) == 2
+    assert spare_replicas(SPARE_SPEC, 5) == 1  # one replica short of the maximum (6)
+    assert spare_replicas(SPARE_SPEC, 6) == 0
+    assert spare_replicas(SPEC, 1) == 0  # no spare Deployment
+    # A spare Deployment with warmSpareNodes 0 is scaled to zero: how spares are turned off.
+    assert spare_replicas(dataclasses.replace(SPARE_SPEC, warm_spare_nodes=0), 1) == 0
+
+
+def test_the_plan_sizes_the_spares_for_the_replicas_it_leaves():
+    pods = [PodView(name="w-a", ready=True)]
+    up = plan(
+        spec=SPARE_SPEC,
+        demand=demand(workers={"w-a": 4}, queue_depth=200, oldest_queued_wait_seconds=10),
+        current=1,
+        pods=pods,
+        state=PoolState(),
+        now=NOW,
+    )
+    assert (up.replicas, up.spares) == (6, 0)
+    steady = plan(spec=SPARE_SPEC, demand=demand(workers={"w-a": 4}), current=1, pods=pods, state=PoolState(), now=NOW)
+    assert (steady.replicas, steady.spares) == (None, 2)
