@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks.gpu import measure, plan
+from benchmarks.profiling import CpuMeter
 from deploy.local.launcher import Child, beat_command, http_status, manage, stop_all, web_command, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,6 +107,17 @@ class Stack:
                 return time.monotonic() - started
             time.sleep(1)
         raise TimeoutError("the platform's worker was not ready in time; see platform-worker.log")
+
+    def cpu_meter(self) -> CpuMeter:
+        """CPU seconds per part of the platform during a level: where the path's cost goes (on a
+        machine with cores to spare, CPU time rather than throughput shows what a layer costs)."""
+        pids = {child.name: child.pid for child in self.children}
+        return CpuMeter({
+            "web": (pids["web"], "tree"),
+            "worker": (pids["worker"], "self"),  # Celery, the engine's client side and the relay
+            "engine core": (pids["worker"], "children"),
+            "client": (os.getpid(), "self"),
+        })  # fmt: skip
 
     def stop(self) -> None:
         stop_all(self.children, timeout=20)
@@ -207,11 +219,14 @@ def bench(args) -> dict:
             result["warmup"] = warm_level.to_dict()
             result["level_scale"] = scale = measure.read_scale(args.barrier)
             level_records = []
+            cpu = stack.cpu_meter()
             for streams in args.levels:
                 seconds = plan.level_seconds(streams) * scale
+                cpu.start()
                 level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, args.seed,
                                                       args.prompt_id_high, plan.OUTPUT_TOKENS))  # fmt: skip
-                result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1), "error_samples": errors})
+                result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1), "error_samples": errors,
+                                         "cpu_s": cpu.stop()})  # fmt: skip
                 level_records.append(records)
                 print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s over {level.wall_s:.1f} s "
                       f"(ttft p50 {level.ttft_ms_p50} ms, batch {level.max_generating}, errors {level.errors})",

@@ -21,3 +21,20 @@ def test_after_the_first_text_only_the_usage_and_errors_are_decoded():
     assert not _worth_decoding(finish, seen_text=True)
     assert _worth_decoding(usage_line, seen_text=True)
     assert _worth_decoding(b'data: {"error":{"message":"worker lost"}}', seen_text=True)
+
+
+def test_each_level_reads_the_cpu_time_of_every_part_of_the_platform():
+    import os
+    import types
+
+    from benchmarks.gpu.platform_bench import Stack
+
+    stack = Stack(types.SimpleNamespace(state_dir=None, log_dir=None, model_dir=None, port=0, profile="cpu",
+                                        worker_engine_args={}))  # fmt: skip
+    stack.children = [types.SimpleNamespace(name=name, pid=os.getpid()) for name in ("worker", "beat", "web")]
+    meter = stack.cpu_meter()
+    meter.start()
+    sum(i * i for i in range(200_000))  # some CPU time in this process
+    seconds = meter.stop()
+    assert set(seconds) == {"web", "worker", "engine core", "client"}
+    assert seconds["client"] > 0
