@@ -2,10 +2,13 @@
 
     python -m benchmarks.gpu.engine_bench --spec SPEC.json --out RESULT.json --lock FILE
 
-SPEC.json: {"name", "engine_args", "levels"}. Builds vLLM's ``AsyncLLM`` from the arguments, waits
-for its turn on the GPU (an exclusive lock, as several engines start side by side), warms up, runs
-each level (``measure.py``), writes the result (with the start-up time and the resolved scheduler
-settings) and shuts the engine down.
+SPEC.json: {"name", "engine_args", "levels"}, and for the adapters stage "adapter_counts" (one per
+level) and "adapter_dirs" (PEFT folders, benchmarks/gpu/lora.py). Builds vLLM's ``AsyncLLM`` from the
+arguments, waits for its turn on the GPU (an exclusive lock, as several engines start side by side),
+warms up, runs each level (``measure.py``), writes the result (with the start-up time and the
+resolved scheduler settings) and shuts the engine down. A level with N adapters sends client i's
+requests with adapter i mod N (128 streams over 8 adapters: 16 streams each), after a warm-up
+request per adapter has loaded all N onto the GPU, so loading is not measured; N = 0 is the base model.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ def _resolved(engine) -> dict:
         "compilation_mode": lambda: str(cfg.compilation_config.mode),
         "attention_backend": lambda: str(cfg.attention_config.backend),
         "prefix_caching": lambda: cfg.cache_config.enable_prefix_caching,
+        "max_loras": lambda: cfg.lora_config.max_loras if cfg.lora_config else None,
+        "max_lora_rank": lambda: cfg.lora_config.max_lora_rank if cfg.lora_config else None,
+        "cudagraph_specialize_lora": lambda: cfg.compilation_config.cudagraph_specialize_lora,
     }.items():
         try:
             out[key] = getter()
@@ -48,10 +54,10 @@ def _resolved(engine) -> dict:
     return out
 
 
-async def _one_request(engine, request_id: str, prompt: list[int], sampling) -> measure.RequestRecord:
+async def _one_request(engine, request_id: str, prompt: list[int], sampling, lora=None) -> measure.RequestRecord:
     submitted = time.perf_counter()
     first, tokens = None, 0
-    async for output in engine.generate({"prompt_token_ids": prompt}, sampling, request_id):
+    async for output in engine.generate({"prompt_token_ids": prompt}, sampling, request_id, lora_request=lora):
         new = len(output.outputs[0].token_ids)
         if new and first is None:
             first = time.perf_counter()
@@ -60,10 +66,13 @@ async def _one_request(engine, request_id: str, prompt: list[int], sampling) -> 
 
 
 async def run_level(engine, name: str, streams: int, seconds: float, seed: int, high: int, sampling,
-                    max_requests: int | None = None):  # fmt: skip
+                    max_requests: int | None = None, loras: list | None = None):  # fmt: skip
+    """One level; with ``loras``, client i sends every request with ``loras[i % len(loras)]``."""
+
     async def one(i: int, n: int) -> measure.RequestRecord:
         prompt = measure.prompt(seed + streams, i, n, high=high)
-        return await _one_request(engine, f"{name}-{streams}-{i}-{n}", prompt, sampling)
+        lora = loras[i % len(loras)] if loras else None
+        return await _one_request(engine, f"{name}-{streams}-{i}-{n}", prompt, sampling, lora)
 
     records, started, errors = await measure.drive(streams, seconds, one, max_requests)
     if errors:
@@ -85,6 +94,15 @@ def preemptions() -> float | None:
         return total
     except Exception:
         return None
+
+
+def lora_requests(spec: dict) -> list:
+    """vLLM ``LoRARequest``s for the spec's adapter folders (ids from 1: 0 means none to vLLM)."""
+    if not spec.get("adapter_dirs"):
+        return []
+    from vllm.lora.request import LoRARequest
+
+    return [LoRARequest(f"adapter-{i}", i, path) for i, path in enumerate(spec["adapter_dirs"], start=1)]
 
 
 async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
@@ -114,15 +132,30 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
             await run_level(engine, f"{name}-warmup", WARMUP_REQUESTS, 0, seed + 1, high, warm, max_requests=1)
             sampling = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
             result["level_scale"] = scale = measure.read_scale(barrier)
-            for streams in spec["levels"]:
+            loras = lora_requests(spec)
+            counts = spec.get("adapter_counts") or [None] * len(spec["levels"])
+            for index, (streams, count) in enumerate(zip(spec["levels"], counts, strict=True)):
+                hot, load_s = (loras[:count] if count else None), None
+                if hot:  # one short request per adapter: all of them loaded before the level starts
+                    loaded = time.monotonic()
+                    await run_level(engine, f"{name}-load{index}", len(hot), 0, seed + 2, high, warm,
+                                    max_requests=1, loras=hot)  # fmt: skip
+                    load_s = round(time.monotonic() - loaded, 2)
+                # Adapter levels share a stream count: prompts of their own, or the prefix cache would
+                # hand a later level the earlier one's prefills.
+                level_seed = seed if count is None else seed + 1000 * (index + 1)
                 before = preemptions()
                 seconds = level_seconds(streams) * scale
-                level = (await run_level(engine, name, streams, seconds, seed, high, sampling)).to_dict()
+                level = (await run_level(engine, f"{name}-{index}", streams, seconds, level_seed, high, sampling,
+                                         loras=hot)).to_dict()  # fmt: skip
                 after = preemptions()
                 level["target_s"] = round(seconds, 1)
                 level["preemptions"] = None if before is None or after is None else after - before
+                if count is not None:
+                    level["adapters"] = count
+                    level["adapter_load_s"] = load_s
                 result["levels"].append(level)
-                print(f"[{name}] {streams:>4} streams: {level['tokens_per_s']:>9.1f} tok/s "
+                print(f"[{name}] {streams:>4} streams, adapters {count}: {level['tokens_per_s']:>9.1f} tok/s "
                       f"over {level['wall_s']:.1f} s "
                       f"(ttft p50 {level['ttft_ms_p50']} ms, tpot p50 {level['tpot_ms_p50']} ms, "
                       f"batch {level['max_generating']}, preemptions {level['preemptions']})", flush=True)  # fmt: skip

@@ -96,7 +96,18 @@ CAPACITY_RUNS: dict[str, tuple[dict[str, Any], tuple[int, ...], bool]] = {
     "cap-seq512-tok": ({"max_num_seqs": 512, "compilation_config": {"max_cudagraph_capture_size": 512}}, (512,), True),
 }
 
-STAGES = ("profiles", "platform", "compare", "variants", "fusions", "capacity")
+# The adapters stage: tenants' LoRA adapters on one engine (the h200 profile with its LoRA settings,
+# workers/profiles.py: max_loras 32, max_lora_rank 16), 128 streams with their requests spread over
+# N distinct rank-16 adapters of the attention projections (benchmarks/gpu/lora.py), N = 0 (the base
+# model alone, on the LoRA-enabled engine) then 1, 8 and 32, side by side in one run; and the base
+# model on the same profile without LoRA, for what enabling LoRA costs requests without an adapter.
+ADAPTER_STREAMS = 128
+ADAPTER_COUNTS = (0, 1, 8, 32)
+ADAPTER_RANK = 16
+# Seconds allowed per adapter level for loading its adapters (one short request each) before it.
+ADAPTER_LOAD_S = 5.0
+
+STAGES = ("profiles", "platform", "compare", "variants", "fusions", "capacity", "adapters")
 # What `device.sh bench` runs without arguments: the platform comparison alone fits one 600 s call
 # with a cold start (engine start ~170-300 s, then 2 x 98 s of levels); the others take a call each.
 DEFAULT_STAGES = ("platform",)
@@ -107,9 +118,10 @@ def level_seconds(streams: int) -> float:
     return LONG_LEVEL_S if streams >= LONG_FROM_STREAMS else SHORT_LEVEL_S
 
 
-def planned_seconds(levels: tuple[int, ...] | list[int], warmup_s: float = 6.0) -> float:
-    """Seconds one engine's (or the platform's) measurement takes: warm-up and every level."""
-    return warmup_s + sum(level_seconds(n) for n in levels)
+def planned_seconds(levels: tuple[int, ...] | list[int], warmup_s: float = 6.0, adapter_counts=()) -> float:
+    """Seconds one engine's (or the platform's) measurement takes: warm-up and every level, plus the
+    loading of each adapter level's adapters."""
+    return warmup_s + sum(level_seconds(n) for n in levels) + ADAPTER_LOAD_S * sum(1 for n in adapter_counts if n)
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,12 @@ class EngineRun:
     levels: tuple[int, ...] = PROFILE_LEVELS
     description: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    # The adapters stage: hot adapters per level (0: the base model), and the adapters' folders.
+    adapter_counts: tuple[int, ...] = ()
+    adapter_dirs: tuple[str, ...] = ()
+
+    def planned_seconds(self) -> float:
+        return planned_seconds(self.levels, adapter_counts=self.adapter_counts)
 
 
 def _bench(args: dict[str, Any], model_dir: str, tokenizer: bool) -> dict[str, Any]:
@@ -152,7 +170,30 @@ def profile_run(profile: str, model_dir: str, name: str | None = None, tokenizer
     return EngineRun(name or profile, args, levels=levels, description=description)
 
 
-def runs_for(stage: str, model_dir: str, tok_model_dir: str) -> list[EngineRun]:
+def adapter_dirs(folder: str, count: int = max(ADAPTER_COUNTS)) -> tuple[str, ...]:
+    """The adapters' folders (written by benchmarks/gpu/lora.py ``write_adapters``)."""
+    return tuple(f"{folder}/a{i}" for i in range(1, count + 1))
+
+
+def adapter_runs(model_dir: str, adapter_folder: str) -> list[EngineRun]:
+    """``lora-on``: the h200 profile with its LoRA settings, at ``ADAPTER_STREAMS`` for each of
+    ``ADAPTER_COUNTS``; ``lora-off``: the same profile without LoRA, base model, same streams."""
+    from workers.profiles import get_profile
+
+    lora_args = dict(get_profile("h200").lora_args)
+    if lora_args["max_lora_rank"] < ADAPTER_RANK or lora_args["max_loras"] < max(ADAPTER_COUNTS):
+        raise ValueError(f"the h200 profile's LoRA settings {lora_args} cannot hold {max(ADAPTER_COUNTS)} "
+                         f"rank-{ADAPTER_RANK} adapters in one batch")  # fmt: skip
+    on = profile_run("h200", model_dir, "lora-on", levels=(ADAPTER_STREAMS,) * len(ADAPTER_COUNTS), **lora_args)
+    off = profile_run("h200", model_dir, "lora-off", levels=(ADAPTER_STREAMS,))
+    dirs = adapter_dirs(adapter_folder)
+    return [
+        EngineRun(on.name, on.engine_args, on.levels, on.description, adapter_counts=ADAPTER_COUNTS, adapter_dirs=dirs),
+        EngineRun(off.name, off.engine_args, off.levels, "profile h200 without LoRA", adapter_counts=(0,)),
+    ]
+
+
+def runs_for(stage: str, model_dir: str, tok_model_dir: str, adapter_folder: str = "/tmp/adapters") -> list[EngineRun]:
     """The engines of one stage of the bench.
 
     ``profiles``: stock vLLM and each profile at every level, plus the h200 variants without FP8
@@ -160,7 +201,8 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str) -> list[EngineRun]:
     profile with the tokenizer and detokenization, exactly as the worker runs it) at the platform
     levels; run.py adds the platform itself. ``compare``: stock and h200 alone. ``variants``: the
     other single changes to h200, with stock and h200 again as the same-run references. ``fusions``:
-    the compile-time fusion passes on top of h200, with the same references.
+    the compile-time fusion passes on top of h200, with the same references. ``adapters``: the
+    LoRA-enabled h200 engine over 0-32 adapters and h200 without LoRA (``adapter_runs``).
     """
     if stage == "profiles":
         runs = [stock_run(model_dir)] + [profile_run(p, model_dir) for p in PROFILES]
@@ -193,6 +235,8 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str) -> list[EngineRun]:
                 else CAPACITY_KV_CACHE_BYTES * 6 // 10  # fmt: skip
             runs.append(EngineRun(name, {**run.engine_args, "kv_cache_memory_bytes": kv}, levels, run.description))
         return runs
+    if stage == "adapters":
+        return adapter_runs(model_dir, adapter_folder)
     raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
 
 

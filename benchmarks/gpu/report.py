@@ -81,6 +81,68 @@ def capacity_details(results: dict[str, dict], names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def adapter_rate(result: dict | None, adapters: int) -> float | None:
+    """Tokens/s of ``result``'s level with ``adapters`` hot adapters (0: the base model)."""
+    if not result or "error" in result:
+        return None
+    for level in result.get("levels", []):
+        if level.get("adapters") == adapters and not level.get("errors"):
+            return float(level["tokens_per_s"])
+    return None
+
+
+def adapter_summary(results: dict[str, dict], on: str = "lora-on", off: str = "lora-off") -> list[dict]:
+    """Per adapter count measured on ``on``: tokens/s, its ratio to the base model on the same engine
+    (``vs_base``) and to the base model on the engine without LoRA (``vs_no_lora``); [] when none."""
+    base, plain = adapter_rate(results.get(on), 0), adapter_rate(results.get(off), 0)
+    rows = []
+    for level in (results.get(on) or {}).get("levels", []):
+        if "adapters" not in level:
+            continue
+        value = adapter_rate(results.get(on), level["adapters"])
+        rows.append({"adapters": level["adapters"], "streams": level["streams"], "tokens_per_s": value,
+                     "vs_base": ratio(value, base), "vs_no_lora": ratio(value, plain)})  # fmt: skip
+    return rows
+
+
+def adapters_table(results: dict[str, dict], on: str = "lora-on", off: str = "lora-off") -> str:
+    """Markdown: tokens/s per adapter count on the LoRA engine, with its ratios to the base model on
+    the same engine and on the engine without LoRA; then that engine's base-model row."""
+    rows = adapter_summary(results, on, off)
+    counts = [row["adapters"] for row in rows] or [0]
+    head = "| engine | start (s) | " + " | ".join(
+        "base model" if n == 0 else f"{n} adapter{'s' if n > 1 else ''}" for n in counts) + " |"  # fmt: skip
+    lines = [head, "|---|---:|" + "---:|" * len(counts)]
+    for name in (on, off):
+        result = results.get(name)
+        if result is None:
+            continue
+        if "error" in result:
+            lines.append(f"| {name} | failed: {result['error'][:120]} |" + " |" * len(counts))
+            continue
+        cells = []
+        for row in rows if name == on else [{"adapters": n} for n in counts]:
+            value = adapter_rate(result, row["adapters"])
+            rel = [f"{row[key]:.2f}x" for key in ("vs_base", "vs_no_lora") if row.get(key) is not None]
+            cells.append(_fmt(value) + (f" ({', '.join(rel)})" if rel and value is not None else ""))
+        lines.append(f"| {name} | {_fmt(result.get('start_s'))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def adapter_details(results: dict[str, dict], names: list[str]) -> str:
+    """Per engine and adapter level: time per output token, time to first token, batch reached,
+    seconds to load the level's adapters, preemptions."""
+    lines = ["| engine | adapters | streams | wall (s) | tpot p50 (ms) | ttft p50 (ms) | batch | load (s) "
+             "| preemptions |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name in names:
+        for level in (results.get(name) or {}).get("levels", []):
+            lines.append(f"| {name} | {level.get('adapters', '—')} | {level['streams']} | "
+                         f"{_fmt(level.get('wall_s'), 1)} | {_fmt(level.get('tpot_ms_p50'), 2)} | "
+                         f"{_fmt(level.get('ttft_ms_p50'))} | {_fmt(level.get('max_generating'))} | "
+                         f"{_fmt(level.get('adapter_load_s'), 1)} | {_fmt(level.get('preemptions'))} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def goal_rows(results: dict[str, dict]) -> list[tuple[str, float | None, float, bool | None]]:
     """(goal, measured ratio, target, met) for each goal; ratio None when a side was not measured."""
     rows = []
@@ -111,7 +173,7 @@ def render(results_list: list[dict]) -> str:
     from benchmarks.gpu.plan import CAPACITY_LEVELS, PLATFORM_LEVELS, PROFILE_LEVELS
 
     results = by_name(results_list)
-    engines = [n for n in results if not n.startswith(("platform", "bare", "cap-"))]
+    engines = [n for n in results if not n.startswith(("platform", "bare", "cap-", "lora-"))]
     capacity = sorted(n for n in results if n.startswith("cap-"))
     order = ["stock", "h200", "a10g"] + sorted(n for n in engines if n not in ("stock", "h200", "a10g"))
     parts = [
@@ -129,6 +191,11 @@ def render(results_list: list[dict]) -> str:
                       "requests generating at once):",
                   engine_table(results, order, CAPACITY_LEVELS, reference="cap-h200"),
                   "", capacity_details(results, order)]  # fmt: skip
+    if "lora-on" in results or "lora-off" in results:
+        parts += ["", "Tenants' LoRA adapters (rank 16, q/k/v/o_proj), h200 profile, 128 streams: output tokens/s; "
+                      "in parentheses the ratio to the base model on the same engine, then to the engine "
+                      "without LoRA:",
+                  adapters_table(results), "", adapter_details(results, ["lora-on", "lora-off"])]  # fmt: skip
     if "stock-2" in results or "h200-2" in results:
         parts += ["", f"Run-to-run spread: stock {spread(results, 'stock', 'stock-2', PROFILE_LEVELS)}, "
                       f"h200 {spread(results, 'h200', 'h200-2', PROFILE_LEVELS)}"]  # fmt: skip

@@ -7,8 +7,10 @@ FP8 weights only), ``platform`` (the platform path and the bare engine it is com
 second stock and h200 sweep for the run-to-run spread), ``compare`` (stock and h200 alone),
 ``variants`` (more single changes to h200), ``fusions`` (torch.compile fusion passes on h200),
 ``capacity`` (h200 at 256 and 512 streams: max_num_seqs 512, FP8 KV cache, with and without
-detokenization). Every level runs for ``plan.level_seconds``, shortened by one common factor when a
-slow start leaves less time before the deadline.
+detokenization), ``adapters`` (tenants' LoRA adapters: the h200 profile with LoRA at 128 streams
+spread over 0, 1, 8 and 32 adapters, written first by ``lora.py``, and h200 without LoRA). Every
+level runs for ``plan.level_seconds``, shortened by one common factor when a slow start leaves less
+time before the deadline.
 
 All engines of the given stages start at once, each in its own process (``engine_bench.py``,
 ``platform_bench.py``), so their compiles overlap; once all are up (or failed) they are measured one
@@ -32,11 +34,12 @@ import tarfile
 import time
 from pathlib import Path
 
-from benchmarks.gpu import measure, model, plan, report
+from benchmarks.gpu import lora, measure, model, plan, report
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = Path("/tmp/gpubench")
 RESULTS, LOGS, BARRIER = WORK / "results", WORK / "logs", WORK / "barrier"
+ADAPTERS = WORK / "adapters"
 LOCK = WORK / "gpu.lock"
 # Log lines worth keeping in the result: the attention backend, compile and start-up times.
 LOG_FACTS = re.compile(
@@ -87,7 +90,8 @@ def log_tail(name: str, lines: int = 25) -> str:
 def _engine_argv(run: plan.EngineRun) -> list[str]:
     spec = WORK / "specs" / f"{run.name}.json"
     measure.write_json(spec, {"name": run.name, "engine_args": run.engine_args, "levels": list(run.levels),
-                              "env": run.env})  # fmt: skip
+                              "env": run.env, "adapter_counts": list(run.adapter_counts),
+                              "adapter_dirs": list(run.adapter_dirs)})  # fmt: skip
     (RESULTS / f"{run.name}.json").unlink(missing_ok=True)
     return [sys.executable, "-m", "benchmarks.gpu.engine_bench", "--spec", str(spec),
             "--out", str(RESULTS / f"{run.name}.json"), "--lock", str(LOCK), "--barrier", str(BARRIER)]  # fmt: skip
@@ -141,13 +145,22 @@ def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Pat
     procs: dict[str, subprocess.Popen] = {}
     planned: dict[str, float] = {}
     for stage in stages:
-        for run in plan.runs_for(stage, str(model_dir), str(tok_dir)):
+        for run in plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS)):
             procs[run.name] = spawn(run.name, _engine_argv(run), {**env, **run.env})
-            planned[run.name] = plan.planned_seconds(run.levels)
+            planned[run.name] = run.planned_seconds()
         if stage == "platform":
             procs["platform"] = spawn("platform", _platform_argv(tok_dir), env)
             planned["platform"] = plan.planned_seconds(plan.PLATFORM_LEVELS, warmup_s=15.0)
     print(f"started {', '.join(procs)} at {time.strftime('%H:%M:%S')}", flush=True)
+    if "adapters" in stages:
+        # While the engines start (they load adapters only once released to measure, below).
+        started = time.time()
+        try:
+            config = json.loads((model_dir / "config.json").read_text())
+            lora.write_adapters(ADAPTERS, config, max(plan.ADAPTER_COUNTS), plan.ADAPTER_RANK)
+            print(f"adapters written to {ADAPTERS} in {time.time() - started:.1f} s", flush=True)
+        except Exception as exc:  # the LoRA engine's adapter levels then fail and say so; the rest measures
+            print(f"writing the adapters failed: {type(exc).__name__}: {exc}", flush=True)
     _release(procs, deadline, planned)
     for name, proc in procs.items():
         if proc.poll() is None:
@@ -192,7 +205,11 @@ def environment() -> dict:
 def write_out(out: Path, results: list[dict]) -> str:
     out.mkdir(parents=True, exist_ok=True)
     text = report.render(results)
-    measure.write_json(out / "results.json", {"environment": environment(), "results": results})
+    data: dict = {"environment": environment(), "results": results}
+    adapters = report.adapter_summary(report.by_name(results))
+    if adapters:
+        data["adapters"] = adapters  # tokens/s per adapter count and its ratios (report.adapter_summary)
+    measure.write_json(out / "results.json", data)
     (out / "report.md").write_text(text + "\n")
     with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
         for path in sorted(LOGS.glob("*.log")):
