@@ -98,16 +98,11 @@ class AdapterResolver:
             return set()
         self._deleted |= gone
         self._loaded_once -= gone
-        # EngineHost.unload_adapter: vLLM's remove_lora on the engine's loop. An engine host without
-        # it keeps a deleted adapter loaded until vLLM evicts it (requests naming it are refused here).
-        unload, loop = getattr(engine, "unload_adapter", None), engine.loop
-        if unload is None:
-            log.warning("adapters %s were deleted; this engine cannot unload them before vLLM evicts them", gone)
-            return gone
+        loop = engine.loop
         for lora_id in sorted(gone):
             if loop is None or loop.is_closed():
                 break
-            unloading = asyncio.run_coroutine_threadsafe(unload(lora_id), loop)
+            unloading = asyncio.run_coroutine_threadsafe(engine.unload_adapter(lora_id), loop)
             unloading.add_done_callback(lambda done, lora_id=lora_id: _log_unload(done, lora_id))
         return gone
 

@@ -663,6 +663,22 @@ class EngineHost:
                 error if isinstance(error, EngineDead) else RequestRejected(f"the adapter could not be loaded: {exc}")
             ) from exc
 
+    async def unload_adapter(self, lora_id: int) -> bool:
+        """Remove a LoRA adapter from the engine now (vLLM's ``remove_lora``) and from the ids the
+        heartbeat lists (``loaded_adapters``); call on the engine's loop. False when the engine did not
+        hold it (never loaded, or evicted already). A request that names it later loads it again: the
+        caller refuses those first (workers/adapters.py)."""
+        if self._engine is None:
+            return False
+        try:
+            return bool(await self._engine.remove_lora(lora_id))
+        except Exception as exc:
+            raise _classify(exc) from exc
+        finally:
+            # A new set, not a change in place: the heartbeat thread reads it. An answer to
+            # `list_loras` asked before the removal may list it once more, for one heartbeat.
+            self._adapters_known = self._adapters_known - {lora_id}
+
     def loaded_adapters(self) -> set[int]:
         """The LoRA ids the engine held at its last answer (vLLM evicts the least recently used past
         ``max_cpu_loras``); empty without LoRA or unless ready.

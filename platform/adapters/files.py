@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.errors import InvalidRequest, ServiceUnavailable
+from core.errors import InvalidRequest, ServiceUnavailable
 
 # The linear layers vLLM applies LoRA to in Gemma 4's decoder (attention and MLP projections).
 SUPPORTED_MODULES = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
@@ -80,8 +80,7 @@ def _check_entry(name: str, entry, *, what: str, param: str) -> None:
     ok = isinstance(entry, dict) and entry.get("dtype") in _ITEM_BYTES and isinstance(entry.get("shape"), list)
     offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
     ok = ok and all(isinstance(d, int) and d >= 0 for d in entry["shape"])
-    ok = ok and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
-    if not ok:
+    if not (ok and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
         raise _refuse(
             f"{what}: tensor {name!r} has an unsupported dtype or a malformed entry.", "adapter_bad_tensor", param
         )

@@ -12,15 +12,15 @@ from adapters.models import Adapter, adapter_name_validator
 from adapters.store import CONFIG_NAME, WEIGHTS_NAME, AdapterStoreUnavailable, adapter_digest, adapter_store
 from catalog.models import ServedModel
 from config.redis_client import REDIS_UNAVAILABLE, get_redis
-from gateway.errors import InvalidRequest, OpenAIError, ServiceUnavailable
+from core.errors import Conflict, InvalidRequest, ServiceUnavailable
 from tenants.models import Tenant
 from workers import protocol
 
 log = logging.getLogger(__name__)
 
 
-class AdapterConflict(OpenAIError):
-    status = 409
+class AdapterConflict(Conflict):
+    """A name in use on that base model, or a tenant at its plan's adapter limit (409)."""
 
 
 def _check_name(name: str) -> None:

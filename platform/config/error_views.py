@@ -9,7 +9,7 @@ from django.http import HttpResponse
 from django.urls import Resolver404
 from django.views import defaults
 
-from api.errors import error_body
+from management.errors import error_body
 
 OPENAI_PREFIX = "/v1/"
 MANAGEMENT_PREFIX = "/api/v1/"

@@ -63,7 +63,7 @@ INSTALLED_APPS = [
     "gateway",
     "quotas",
     "billing",
-    "api",
+    "management",
     "drf_spectacular_sidecar",
     "console",
 ]
@@ -211,8 +211,8 @@ REST_FRAMEWORK = {
     # would check passwords with no rate limit (passwords are checked only by the throttled
     # sign-in forms, console.signin).
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "api.authentication.StaffTokenAuthentication",
-        "api.authentication.TenantAdminKeyAuthentication",
+        "management.authentication.StaffTokenAuthentication",
+        "management.authentication.TenantAdminKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
 }

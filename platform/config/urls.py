@@ -3,7 +3,7 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("api/v1/", include("api.urls")),
+    path("api/v1/", include("management.urls")),
     path("console/", include("console.urls")),
     path("", include("gateway.urls")),
 ]

@@ -5,9 +5,9 @@ from decimal import Decimal
 from django import forms
 from django.core.exceptions import ValidationError
 
-from api.serializers import column_max
 from catalog.models import ServedModel
 from console.selectors import LIMIT_LABELS
+from management.serializers import column_max
 from quotas.models import LimitFields, Plan
 from quotas.services import CLEAR
 from tenants.models import Tenant
@@ -160,3 +160,14 @@ class KeyQuotaForm(LimitsForm):
 
 class InvoiceBuildForm(forms.Form):
     period = forms.RegexField(regex=r"^\d{4}-\d{2}$", max_length=7, help_text="A month, YYYY-MM (UTC).")
+
+
+class AdapterUploadForm(forms.Form):
+    name = forms.CharField(max_length=64, help_text='Called as model "<base model>:<name>".')
+    base_model = forms.ModelChoiceField(
+        queryset=ServedModel.objects.filter(is_enabled=True), to_field_name="model_id", label="Base model"
+    )
+    config = forms.FileField(label="adapter_config.json")
+    weights = forms.FileField(
+        label="adapter_model.safetensors", help_text="Safetensors only; pickle files are refused."
+    )

@@ -1,6 +1,5 @@
 from django.urls import path
 
-from adapters import console as adapter_views
 from console import views
 
 app_name = "console"
@@ -23,12 +22,8 @@ urlpatterns = [
     path("tenants/<slug:tenant_name>/throttling/", views.tenant_throttles, name="tenant_throttles"),
     path("tenants/<slug:tenant_name>/invoices/", views.tenant_invoices, name="tenant_invoices"),
     path("tenants/<slug:tenant_name>/invoices/<str:number>/", views.invoice_detail, name="invoice_detail"),
-    path("tenants/<slug:tenant_name>/adapters/", adapter_views.tenant_adapters, name="tenant_adapters"),
-    path(
-        "tenants/<slug:tenant_name>/adapters/<int:adapter_id>/delete/",
-        adapter_views.adapter_remove,
-        name="adapter_remove",
-    ),  # fmt: skip
+    path("tenants/<slug:tenant_name>/adapters/", views.tenant_adapters, name="tenant_adapters"),
+    path("tenants/<slug:tenant_name>/adapters/<int:adapter_id>/delete/", views.adapter_remove, name="adapter_remove"),
     path("plans/", views.plan_list, name="plans"),
     path("plans/new/", views.plan_edit, name="plan_new"),
     path("plans/<slug:plan_name>/", views.plan_edit, name="plan_edit"),

@@ -18,11 +18,15 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse, reverse_lazy
 from django.utils.cache import add_never_cache_headers
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
+from adapters.models import Adapter
+from adapters.services import adapter_create, adapter_delete
 from billing.services import invoice_as_csv, invoice_build
 from console import selectors, services
+from console.errors import form_error, message_error
 from console.forms import (
+    AdapterUploadForm,
     ApiKeyCreateForm,
     InvoiceBuildForm,
     KeyQuotaForm,
@@ -35,7 +39,7 @@ from console.forms import (
 )
 from console.models import TenantMembership
 from console.signin import ConsoleLoginForm
-from core.errors import Conflict
+from core.errors import AppError, Conflict
 from core.periods import Period
 from quotas.models import KeyQuota, Plan
 from quotas.services import CLEAR, key_quota_set, plan_create, plan_update, tenant_quota_get, tenant_quota_set
@@ -231,7 +235,7 @@ def key_rotate(request, tenant, key_id: int):
         try:
             new_key, plaintext = apikey_rotate(api_key=api_key, grace_seconds=form.cleaned_data["grace_seconds"])
         except Conflict as exc:
-            messages.error(request, exc.message)
+            message_error(request, exc)
             return redirect("console:tenant_keys", tenant_name=tenant.name)
         context = _tenant_context(request, tenant, "keys", api_key=new_key, plaintext=plaintext, replaced=api_key)
         response = render(request, "console/key_created.html", context)
@@ -347,3 +351,37 @@ def key_limits(request, tenant, key_id: int):
     return render(
         request, "console/key_limits.html", _tenant_context(request, tenant, "keys", api_key=api_key, form=form)
     )
+
+
+# --- tenant: LoRA adapters --------------------------------------------------------------------
+
+
+@tenant_required
+@require_http_methods(["GET", "POST"])
+def tenant_adapters(request, tenant):
+    """A tenant's LoRA adapters, upload and delete (staff and that tenant's admins)."""
+    form = AdapterUploadForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            adapter = adapter_create(
+                tenant=tenant, base_model=data["base_model"], name=data["name"],
+                config=data["config"].read(), weights=data["weights"].read(),
+            )  # fmt: skip
+        except AppError as exc:
+            form_error(form, exc)
+        else:
+            messages.success(request, f'Adapter {adapter.model_id} uploaded; call it as model "{adapter.model_id}".')
+            return redirect("console:tenant_adapters", tenant_name=tenant.name)
+    adapters = Adapter.objects.filter(tenant=tenant)
+    context = _tenant_context(request, tenant, "adapters", adapters=adapters, form=form)
+    return render(request, "console/tenant_adapters.html", context)
+
+
+@tenant_required
+@require_POST
+def adapter_remove(request, tenant, adapter_id: int):
+    adapter = get_object_or_404(Adapter, tenant=tenant, pk=adapter_id)
+    adapter_delete(adapter=adapter)
+    messages.success(request, f"Adapter {adapter.model_id} deleted; requests naming it are refused from now on.")
+    return redirect("console:tenant_adapters", tenant_name=tenant.name)

@@ -3,14 +3,12 @@
 Domain apps raise these (never a face's HTTP errors, never a bare ValueError for a refusal the
 caller should show). Each carries the HTTP status it means, the OpenAI error `type`, an optional
 machine-readable `code`, the request `param` at fault and response `headers` (Retry-After,
-x-ratelimit-*). `body()` is the OpenAI error object, {"error": {"message", "type", "param", "code"}},
-which the inference API returns as is; the management API maps the same fields to its own types
-in its one exception handler (api/errors.py).
+x-ratelimit-*). `body()` is the OpenAI error object, {"error": {"message", "type", "param", "code"}}.
+
+Data only: each face renders them in one place of its own, the inference API as that body
+(`gateway.errors.error_response`), the management API with its own types in its exception handler
+(management/errors.py), the console as a message on the page (console/errors.py).
 """
-
-import json
-
-from django.http import HttpResponse
 
 
 class AppError(Exception):
@@ -26,14 +24,6 @@ class AppError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self) -> HttpResponse:
-        """The error as the inference API's JSON response (`gateway.errors` names this family
-        `OpenAIError`): its `body()`, status and headers."""
-        response = HttpResponse(json.dumps(self.body()), status=self.status, content_type="application/json")
-        for name, value in self.headers.items():
-            response[name] = value
-        return response
 
 
 class InvalidRequest(AppError):

@@ -8,7 +8,7 @@ from django.http import HttpResponse, JsonResponse
 
 from catalog.models import ServedModel
 from config.bearer import bearer_token
-from gateway.errors import NotFound, OpenAIError, PermissionDenied, Unauthorized
+from gateway.errors import NotFound, OpenAIError, PermissionDenied, Unauthorized, error_response
 from gateway.pools import pool_demand, pool_drain, pool_workers
 from gateway.views import openai_endpoint
 
@@ -69,7 +69,7 @@ def metrics(request):
         if settings.METRICS_TOKEN:
             _require_token(request, settings.METRICS_TOKEN, "metrics")
     except OpenAIError as error:
-        return error.response()
+        return error_response(error)
     lines = []
     series = {
         "gemma_pool_queue_depth": ("gauge", "Requests queued for the pool's workers", lambda d: d.queue_depth),

@@ -38,8 +38,8 @@ from gateway.errors import (
     NotFound,
     OpenAIError,
     PayloadTooLarge,
-    RateLimited,
     ServiceUnavailable,
+    error_response,
 )
 from gateway.formats import ChoiceOutput, ChunkWriter, completion_body, model_entry
 from gateway.offload import run_blocking
@@ -90,15 +90,17 @@ def _check_method(request, methods: tuple[str, ...]) -> None:
 
 def _error_response(request, exc: Exception) -> HttpResponse:
     if isinstance(exc, OpenAIError):
-        return exc.response()
+        return error_response(exc)
     # A backing service is down or saturated (a Redis restart, a database pool timeout): the client
     # may retry; nothing was enqueued, or what was is settled by the ledger.
     log.warning("%s %s: backing service unavailable: %s", request.method, request.path, exc)
-    return ServiceUnavailable(
-        "The service is temporarily unavailable; try again shortly.",
-        code="service_unavailable",
-        headers={"Retry-After": "2"},
-    ).response()
+    return error_response(
+        ServiceUnavailable(
+            "The service is temporarily unavailable; try again shortly.",
+            code="service_unavailable",
+            headers={"Retry-After": "2"},
+        )
+    )
 
 
 # Async views that run their (blocking) work on a gateway thread: /v1/* requests run no blocking
@@ -221,7 +223,7 @@ def _admit_and_enqueue(request, parse) -> _Enqueued:
     images.check_model(model, spec.messages)
     check = functools.partial(
         admission_check, principal=principal, limits=limits, implicit_max_tokens=spec.max_tokens is None,
-        prompt_param=_prompt_param(spec),
+        prompt_param=_prompt_param(spec), choices=spec.n,
     )  # fmt: skip
     # First with a lower bound of the prompt's size (no tokenizing), then with the exact size.
     prompt_at_least = tokenization.prompt_tokens_at_least(model.path, messages=spec.messages, prompt=spec.prompt)
@@ -248,7 +250,8 @@ def _admit_and_enqueue(request, parse) -> _Enqueued:
     # requests) and the pool's fair share; settled through the ledger from here on.
     admitted = admission_gate(
         principal=principal, limits=limits, model=model, request_id=request_id, prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens * spec.n, implicit_max_tokens=spec.max_tokens is None, ready_workers=ready,
+        max_tokens=max_tokens * spec.n, implicit_max_tokens=spec.max_tokens is None, choices=spec.n,
+        ready_workers=ready,
     )  # fmt: skip
     job = RequestInput(
         request_id=request_id,
@@ -267,11 +270,6 @@ def _admit_and_enqueue(request, parse) -> _Enqueued:
         images=[image.wire() for image in prepared],
     )
     try:
-        if job.params["max_tokens"] < 1:  # an implicit max_tokens lowered below one token per choice
-            raise RateLimited(
-                f"Too few output tokens are left in your limits for {spec.n} choices; retry later or lower 'n'.",
-                code="rate_limit_exceeded", headers={**admitted.headers, "Retry-After": "1"},
-            )  # fmt: skip
         dispatch.enqueue(job, model)
     except BaseException:
         quota_release(request_id=request_id)
@@ -352,7 +350,7 @@ async def _collect(job: RequestInput, model, spec: InferenceRequest) -> HttpResp
     if isinstance(outcome, Failed):
         # Settled now too, as a stream that ends with an error is: the periodic flush is only the safety net.
         await run_blocking(dispatch.record, job.request_id)
-        return _failure_error(outcome).response()
+        return error_response(_failure_error(outcome))
     outputs, usage = outcome
     body = completion_body(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, outputs, usage)
     await run_blocking(dispatch.record, job.request_id)

@@ -136,13 +136,15 @@ def _scope_args(limits: dict | None, used: int) -> list[int]:
 
 
 def quota_size_check(
-    *, limits: Limits, prompt_tokens: int, max_tokens: int, implicit_max_tokens: bool, at_least: bool = False
-) -> None:
+    *, limits: Limits, prompt_tokens: int, max_tokens: int, implicit_max_tokens: bool, at_least: bool = False,
+    choices: int = 1,
+) -> None:  # fmt: skip
     """Raise RequestTooLarge if some limit, even unused, could never admit the request.
 
-    An implicit max_tokens is lowered at admission down to 1, so it never makes a request too large.
+    An implicit max_tokens is lowered at admission down to one token per choice (`choices`: the
+    request's n), so only that much of it can make a request too large.
     `at_least`: `prompt_tokens` is a lower bound of the prompt's size (it is not tokenized yet)."""
-    completion = 1 if implicit_max_tokens else max_tokens
+    completion = choices if implicit_max_tokens else max_tokens
     for scope in (limits.tenant, limits.key):
         if scope is not None:
             _scope_size_check(scope, prompt_tokens, completion, at_least)
@@ -176,17 +178,21 @@ def quota_admit(
     prompt_tokens: int,
     max_tokens: int,
     implicit_max_tokens: bool,
+    choices: int = 1,
     check_only: bool = False,
     redis=None,
 ) -> Admitted:
     """Check and reserve every limit for one request, or raise QuotaExceeded (nothing reserved).
 
+    `max_tokens` counts every choice; an implicit one is lowered to what the limits leave, but never
+    below one token per choice (`choices`: the request's n): with less left, the request is refused
+    by the limit that has too little.
     `check_only`: decide the same way but reserve nothing (`request_id` then names no reservation).
     Given a lower bound of the prompt's size, a refusal then is one that admission with the exact
     size would make too. `redis`: a client to run on (default: the process's shared one)."""
     scopes = [tenant_scope(tenant_id)]
     args = [request_id, prompt_tokens, max_tokens, int(implicit_max_tokens), limits.period.id,
-            int(limits.period.end.timestamp()), HOLD_SECONDS, int(check_only)]  # fmt: skip
+            int(limits.period.end.timestamp()), HOLD_SECONDS, int(check_only), max(1, choices)]  # fmt: skip
     args += _scope_args(limits.tenant, limits.tenant_used)
     if limits.key is not None:
         scopes.append(key_scope(key_id))

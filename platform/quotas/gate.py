@@ -32,26 +32,28 @@ def admission_check(
     max_tokens: int,
     implicit_max_tokens: bool,
     prompt_param: str,
+    choices: int = 1,
     at_least: bool = False,
     counters: bool = True,
 ) -> None:
     """Raise the error admission would answer now, reserving nothing.
 
     `prompt_param`: the request's prompt field ("messages" or "prompt"), named by a 400 about it.
+    `choices`: the request's n (`max_tokens` counts all of them; see `admission_gate`).
     `at_least`: `prompt_tokens` is a lower bound (the prompt is not tokenized yet); any refusal is
     then one the exact size would get too. `counters=False` checks only what can never fit (no
     Redis call), not the tenant's current usage."""
     try:
         quota_size_check(
             limits=limits, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
-            implicit_max_tokens=implicit_max_tokens, at_least=at_least,
+            implicit_max_tokens=implicit_max_tokens, at_least=at_least, choices=choices,
         )  # fmt: skip
         if not counters:
             return
         quota_admit(
             request_id="check", tenant_id=principal.tenant_id, key_id=principal.key_id, limits=limits,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
-            check_only=True,
+            choices=choices, check_only=True,
         )  # fmt: skip
     except RequestTooLarge as exc:
         param = {"prompt": prompt_param, "completion": "max_tokens"}.get(exc.part or "")
@@ -69,10 +71,14 @@ def admission_gate(
     prompt_tokens: int,
     max_tokens: int,
     implicit_max_tokens: bool,
+    choices: int = 1,
     ready_workers: list[str] | None = None,
 ) -> Admitted:
     """Reserve the request's quota and a fair share of the pool, or raise the error to answer.
 
+    `max_tokens` counts every one of the request's `choices` (its n). An implicit max_tokens is
+    lowered to what the limits leave, in `Admitted.max_tokens`, and never below one token per
+    choice: with less left, the request is refused (429, recorded) like any other over a limit.
     On success the caller owns the reservation: it is settled through the ledger once the request is
     enqueued; if enqueueing fails, the caller must `quota_release` it.
     """
@@ -80,6 +86,7 @@ def admission_gate(
         admitted = quota_admit(
             request_id=request_id, tenant_id=principal.tenant_id, key_id=principal.key_id, limits=limits,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
+            choices=choices,
         )  # fmt: skip
     except QuotaExceeded as exc:
         raise _rate_limited(principal, exc) from None

@@ -150,7 +150,7 @@ def test_an_upload_while_the_bucket_cannot_be_used_is_a_503_and_stores_nothing(c
     s3_store.client.remove_bucket(s3_store.bucket)  # e.g. a bucket that was never created
     reply = upload(client, people["alice"].admin_key, "alice")
     assert reply.status_code == 503, reply.content
-    assert reply.json()["error"]["code"] == "adapter_store_unavailable"
+    assert reply.json()["error"]["code"] == "adapter_store_unavailable" and reply["Retry-After"] == "10"
     assert not Adapter.objects.exists()
     files = _files()
     with pytest.raises(AdapterStoreUnavailable):

@@ -10,12 +10,12 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Sum
 
-from api.serializers import InvoiceOutput
 from billing.models import Invoice, InvoiceLine, UsageRollup
 from billing.services import invoice_as_csv, invoice_build, invoice_close, rollup_refresh
 from core.errors import Conflict
 from core.periods import Period
 from ledger.models import UsageRecord
+from management.serializers import InvoiceOutput
 from quotas.services import plan_create, tenant_quota_set
 from tenants.services import apikey_create
 

@@ -31,9 +31,12 @@ def test_truncate_cuts_to_the_start_of_a_minute_hour_or_day_in_utc():
         truncate(moment, "week")
 
 
-def test_an_app_error_renders_as_an_openai_error_with_its_status_and_headers():
+def test_an_app_error_carries_data_and_the_gateway_renders_it_as_an_openai_error():
+    from gateway.errors import error_response
+
     error = RateLimited("Slow down.", code="rate_limit_exceeded", headers={"Retry-After": "3"})
-    response = error.response()
+    assert not hasattr(error, "response")  # no HTTP in core: each face renders it
+    response = error_response(error)
     assert (response.status_code, response["Retry-After"]) == (429, "3")
     assert json.loads(response.content) == {
         "error": {"message": "Slow down.", "type": "rate_limit_error", "param": None, "code": "rate_limit_exceeded"}
@@ -48,7 +51,7 @@ def test_the_gateway_names_the_same_error_classes():
 
 
 def test_the_management_api_maps_an_app_error_to_its_own_error_types():
-    from api.errors import exception_handler
+    from management.errors import exception_handler
 
     response = exception_handler(Conflict("It is closed.", param="invoice", code="conflict"), {})
     assert response.status_code == 409

@@ -1,5 +1,6 @@
 """End-to-end: a tenant's LoRA adapter, uploaded through the management API, served by the real
-engine through Celery, isolated from other tenants, routed to the worker that holds it, deleted."""
+engine through Celery, isolated from other tenants, routed to the worker that holds it, deleted and
+unloaded."""
 
 import httpx
 import pytest
@@ -83,3 +84,5 @@ def test_an_uploaded_adapter_changes_the_output_for_its_tenant_only_until_delete
     assert deleted.status_code == 204
     gone = chat(stack, alice_key, ADAPTER)
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+    # The worker unloads it from its engine (vLLM's remove_lora) and its heartbeat stops listing it.
+    wait_until(lambda: not held_by_a_worker(stack, adapter_id), "the worker stops listing the adapter", timeout=60)

@@ -8,7 +8,7 @@ from django.test import Client
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import InvalidRequest
+from gateway.errors import InvalidRequest, error_response
 from gateway.validation import InferenceRequest, chat_request, completion_request, parse_json_body
 from tests.json_strategies import FUZZ, bodies, json_values, texts
 
@@ -92,7 +92,7 @@ def _assert_parsed_or_refused(raw: bytes, parse) -> None:
         spec = parse(parse_json_body(raw))
     except InvalidRequest as error:
         assert 400 <= error.status < 500
-        body = json.loads(error.response().content)
+        body = json.loads(error_response(error).content)
         assert set(body["error"]) == {"message", "type", "param", "code"}
         return
     assert isinstance(spec, InferenceRequest)

@@ -2,7 +2,8 @@
 -- KEYS[1] resv:<rid>   KEYS[2] resv:deadlines   KEYS[3..] scope prefixes (q:t:<tenant>, q:k:<key>)
 -- ARGV: rid, prompt_tokens, max_tokens, implicit (1: max_tokens was not asked for and may be lowered),
 --       period id, period end (unix s), hold seconds, check_only (1: decide, reserve nothing),
---       then per scope: rpm, input_tpm, output_tpm, concurrency, budget, budget_seed (-1: no limit)
+--       least_grant (the fewest completion tokens an implicit max_tokens may be lowered to: one per
+--       choice of n), then per scope: rpm, input_tpm, output_tpm, concurrency, budget, budget_seed (-1: no limit)
 -- Returns {1, granted_max_tokens, headers_json} or {0, limit_hit, retry_after_s, headers_json}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -16,11 +17,12 @@ local period = ARGV[5]
 local period_end = tonumber(ARGV[6])
 local hold = tonumber(ARGV[7])
 local check_only = ARGV[8] == '1'
+local least_grant = tonumber(ARGV[9])
 local budget_ttl = math.max(60, math.floor(period_end - now) + 40 * 86400)
 
 local scopes = {}
 for i = 3, #KEYS do
-  local a = 8 + (i - 3) * 6
+  local a = 9 + (i - 3) * 6
   local p = KEYS[i]
   local s = {p = p, rpm = tonumber(ARGV[a + 1]), itpm = tonumber(ARGV[a + 2]), otpm = tonumber(ARGV[a + 3]),
              conc = tonumber(ARGV[a + 4]), budget = tonumber(ARGV[a + 5])}
@@ -71,15 +73,18 @@ for _, s in ipairs(scopes) do
   if s.budget >= 0 and s.n_bud + prompt + 1 > s.budget then return refuse('budget_tokens', period_end - now) end
 end
 
--- Completion tokens: reserve max_tokens; an implicit max_tokens is lowered to what is left.
+-- Completion tokens: reserve max_tokens; an implicit max_tokens is lowered to what is left, but not
+-- below least_grant (a request of n choices needs a token for each).
 local grant = want
 for _, s in ipairs(scopes) do
   if s.otpm >= 0 and s.n_otpm + grant > s.otpm then
-    if not implicit or s.otpm - s.n_otpm < 1 then return refuse('output_tokens', window_reset) end
+    if not implicit or s.otpm - s.n_otpm < least_grant then return refuse('output_tokens', window_reset) end
     grant = s.otpm - s.n_otpm
   end
   if s.budget >= 0 and s.n_bud + prompt + grant > s.budget then
-    if not implicit then return refuse('budget_tokens', period_end - now) end
+    if not implicit or s.budget - s.n_bud - prompt < least_grant then
+      return refuse('budget_tokens', period_end - now)
+    end
     grant = s.budget - s.n_bud - prompt
   end
 end

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.api.conftest import call
+from tests.management.conftest import call
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from api.models import StaffToken
 from config.bearer import bearer_token
+from management.models import StaffToken
 from tenants.keys import digests_match, key_generate, key_prefix
 from tenants.models import ApiKey, Tenant
 from tenants.services import AuthenticationFailed, apikey_authenticate

@@ -3,8 +3,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from adapters import api as adapter_views
-from api import views
+from management import views
 
 T = "tenants/<slug:tenant>"
 K = f"{T}/keys/<str:prefix>"
@@ -29,6 +28,6 @@ urlpatterns = [
     path(f"{I}/", views.InvoiceDetailView.as_view(), name="api-invoice"),
     path(f"{I}/csv/", views.InvoiceCsvView.as_view(), name="api-invoice-csv"),
     path(f"{I}/close/", views.InvoiceCloseView.as_view(), name="api-invoice-close"),
-    path(f"{T}/adapters/", adapter_views.AdapterListView.as_view(), name="api-adapters"),
-    path(f"{T}/adapters/<path:adapter>/", adapter_views.AdapterDetailView.as_view(), name="api-adapter"),
+    path(f"{T}/adapters/", views.AdapterListView.as_view(), name="api-adapters"),
+    path(f"{T}/adapters/<path:adapter>/", views.AdapterDetailView.as_view(), name="api-adapter"),
 ]

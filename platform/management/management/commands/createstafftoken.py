@@ -3,7 +3,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from api.authentication import staff_token_create
+from management.authentication import staff_token_create
 
 
 class Command(BaseCommand):

@@ -5,8 +5,8 @@ database column. Unknown paths and server errors answer JSON too."""
 import pytest
 from django.test import Client
 
-from tests.api.conftest import call
 from tests.bad_input import DIGITS_5000, NESTED_40, NESTED_5000, error_of, post_raw, raw_json
+from tests.management.conftest import call
 
 BASE = "/api/v1"
 BIGINT_MAX = 2**63 - 1
@@ -87,7 +87,7 @@ def test_an_unknown_console_path_is_still_html(client, db):
 
 
 def test_a_server_error_in_the_management_api_is_json(db, operator_token, monkeypatch):
-    from api import views
+    from management import views
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.api.conftest import call
+from tests.management.conftest import call
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

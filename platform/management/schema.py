@@ -4,7 +4,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 
 
 class StaffTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "api.authentication.StaffTokenAuthentication"
+    target_class = "management.authentication.StaffTokenAuthentication"
     name = "staffToken"
 
     def get_security_definition(self, auto_schema):
@@ -12,7 +12,7 @@ class StaffTokenScheme(OpenApiAuthenticationExtension):
 
 
 class TenantAdminKeyScheme(OpenApiAuthenticationExtension):
-    target_class = "api.authentication.TenantAdminKeyAuthentication"
+    target_class = "management.authentication.TenantAdminKeyAuthentication"
     name = "tenantAdminKey"
 
     def get_security_definition(self, auto_schema):

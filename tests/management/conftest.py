@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from api.authentication import staff_token_create
 from billing.services import invoice_build
 from core.periods import Period
 from ledger.models import UsageRecord
+from management.authentication import staff_token_create
 from quotas.services import plan_create, tenant_quota_set
 from tenants.services import apikey_create, tenant_create
 

@@ -4,6 +4,7 @@
 from django.db import connection
 from rest_framework import serializers
 
+from adapters.models import Adapter
 from billing.models import Invoice, InvoiceLine
 from quotas.models import LimitFields, Plan
 from tenants.models import ApiKey, Tenant
@@ -188,3 +189,21 @@ class InvoiceOutput(serializers.ModelSerializer):
 
 class InvoiceBuildInput(StrictInput):
     period = serializers.RegexField(r"^\d{4}-\d{2}$", help_text="The billing month, YYYY-MM.")
+
+
+# -- adapters ------------------------------------------------------------------------------------
+class AdapterOutput(serializers.ModelSerializer):
+    id = serializers.CharField(source="model_id")
+
+    class Meta:
+        model = Adapter
+        fields = ["id", "name", "base_model", "rank", "target_modules", "size_bytes", "digest", "created_at"]
+
+
+class AdapterUpload(serializers.Serializer):
+    """The multipart upload (for the schema; the body is read by `views._adapter_files`)."""
+
+    name = serializers.CharField(max_length=64)
+    base_model = serializers.CharField(max_length=200)
+    config = serializers.FileField(help_text="adapter_config.json")
+    weights = serializers.FileField(help_text="adapter_model.safetensors")

@@ -7,7 +7,7 @@ import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.authentication import BasicAuthentication, SessionAuthentication
 
-from api.authentication import StaffTokenAuthentication, TenantAdminKeyAuthentication
+from management.authentication import StaffTokenAuthentication, TenantAdminKeyAuthentication
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from billing.services import rollup_refresh
 from core.periods import Period
 from ledger.models import UsageRecord
 from tenants.models import ApiKey
-from tests.api.conftest import call
+from tests.management.conftest import call
 
 pytestmark = pytest.mark.django_db
 

@@ -2,7 +2,7 @@
 
 from rest_framework.permissions import BasePermission
 
-from api.authentication import TenantAdmin
+from management.authentication import TenantAdmin
 from tenants.models import Tenant
 
 

@@ -1,9 +1,15 @@
 """The management REST API under /api/v1/ (see docs/api.md). Views are thin: they resolve the tenant
 through `tenants_visible` (a tenant outside the caller's reach is 404, like one that does not exist),
-validate input with strict serializers and call the services of the apps that own the data."""
+validate input with strict serializers and call the services of the apps that own the data. The
+application errors those services raise (core/errors.py) become responses in one place, the
+exception handler (management/errors.py)."""
 
+import base64
+import binascii
 import datetime as dt
+import json
 
+from django.conf import settings
 from django.db import transaction
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
@@ -14,14 +20,18 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api import serializers as s
-from api.errors import Conflict, exception_handler
-from api.parsers import StrictJSONParser
-from api.permissions import OperatorOrTenantAdmin, is_operator, tenants_visible
+from adapters.models import Adapter
+from adapters.services import adapter_create, adapter_delete
 from billing.models import Invoice
 from billing.selectors import USAGE_MEASURES, throughput, usage_totals
 from billing.services import invoice_as_csv, invoice_build, invoice_close
+from catalog.models import ServedModel
+from core.errors import InvalidRequest
 from core.periods import Period
+from management import serializers as s
+from management.errors import Conflict, exception_handler
+from management.parsers import StrictJSONParser
+from management.permissions import OperatorOrTenantAdmin, is_operator, tenants_visible
 from quotas.limits import limits_for
 from quotas.models import KeyQuota, Plan
 from quotas.services import CLEAR, key_quota_set, plan_create, plan_update, tenant_quota_get, tenant_quota_set
@@ -320,3 +330,83 @@ class InvoiceCloseView(InvoiceDetailView):
         self.require_operator()
         invoice = invoice_close(invoice=invoice)
         return Response(s.InvoiceOutput(invoice).data)
+
+
+# -- adapters ------------------------------------------------------------------------------------
+# An upload is multipart (fields `name`, `base_model`, files `config` = adapter_config.json and
+# `weights` = adapter_model.safetensors) or JSON (`name`, `base_model`, `config` as an object,
+# `weights_base64`). An adapter is addressed by the model id clients call it with, `<base>:<name>`;
+# another tenant's adapter is a 404 like one that does not exist.
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def _required(data, name: str) -> str:
+    value = data.get(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{name}: this field is required.", param=name, code="required")
+    return value
+
+
+def _adapter_files(request) -> tuple[bytes, bytes]:
+    """(adapter_config.json, adapter_model.safetensors) from a multipart or a JSON body."""
+    if request.FILES:
+        return _uploaded(request, "config"), _uploaded(request, "weights")
+    config = request.data.get("config")
+    if isinstance(config, dict):
+        config_raw = json.dumps(config).encode()
+    elif isinstance(config, str) and config:
+        config_raw = config.encode()
+    else:
+        raise InvalidRequest("config: the adapter_config.json object is required.", param="config", code="required")
+    try:
+        weights = base64.b64decode(_required(request.data, "weights_base64"), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest("weights_base64 is not valid base64.", param="weights_base64", code="invalid") from None
+    return config_raw, weights
+
+
+def _uploaded(request, field: str) -> bytes:
+    upload = request.FILES.get(field)
+    if upload is None:
+        raise InvalidRequest(f"{field}: this file is required.", param=field, code="required")
+    if field == "weights" and upload.name.lower().endswith(PICKLE_SUFFIXES):
+        raise InvalidRequest("Pickle weights (.bin, .pt, ...) are not accepted; upload adapter_model.safetensors.",
+                             param=field, code="adapter_not_safetensors")  # fmt: skip
+    if upload.size > settings.ADAPTER_MAX_BYTES:  # before reading it
+        raise InvalidRequest(f"The adapter is over {settings.ADAPTER_MAX_BYTES} bytes.", param=field,
+                             code="adapter_too_large")  # fmt: skip
+    return upload.read()
+
+
+class AdapterListView(ManagementView):
+    @extend_schema(responses=s.AdapterOutput(many=True))
+    def get(self, request, tenant: str):
+        found = self.tenant(tenant)
+        return Response(s.AdapterOutput(Adapter.objects.filter(tenant=found), many=True).data)
+
+    @extend_schema(request={"multipart/form-data": s.AdapterUpload}, responses={201: s.AdapterOutput})
+    def post(self, request, tenant: str):
+        found = self.tenant(tenant)
+        name, base_id = _required(request.data, "name"), _required(request.data, "base_model")
+        base = ServedModel.objects.filter(model_id=base_id, is_enabled=True).first()
+        if base is None:
+            raise InvalidRequest(f"base_model: no served model '{base_id}'.", param="base_model",
+                                 code="model_not_found")  # fmt: skip
+        config, weights = _adapter_files(request)
+        adapter = adapter_create(tenant=found, base_model=base, name=name, config=config, weights=weights)
+        return Response(s.AdapterOutput(adapter).data, status=status.HTTP_201_CREATED)
+
+
+class AdapterDetailView(ManagementView):
+    def adapter(self, tenant: str, model_id: str) -> Adapter:
+        base, _, name = model_id.rpartition(":")
+        return get_object_or_404(Adapter, tenant=self.tenant(tenant), base_model=base, name=name)
+
+    @extend_schema(responses=s.AdapterOutput)
+    def get(self, request, tenant: str, adapter: str):
+        return Response(s.AdapterOutput(self.adapter(tenant, adapter)).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, tenant: str, adapter: str):
+        adapter_delete(adapter=self.adapter(tenant, adapter))
+        return Response(status=status.HTTP_204_NO_CONTENT)
