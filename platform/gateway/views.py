@@ -422,28 +422,34 @@ async def _stream(job: RequestInput, model, spec: InferenceRequest):
     current await) or closes the generator (GeneratorExit at a yield); either way the `finally`
     abandons the request. The usage goes into the ledger after the last frame is sent."""
     writer = ChunkWriter(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, spec.include_usage)
+    # The opening chunk goes out with the first frame: one socket write fewer per request.
+    opening = writer.opening(spec.n)
     finished = False
     try:
-        yield writer.opening(spec.n)
         async with aclosing(dispatch.relay(job, model)) as events:
             async for event in events:
                 if isinstance(event, Delta):
-                    if event.text or event.logprobs:
-                        yield writer.delta(event.text, event.index, event.logprobs)
+                    if not (event.text or event.logprobs):
+                        continue
+                    frame = writer.delta(event.text, event.index, event.logprobs)
                 elif isinstance(event, Idle):
-                    yield writer.keepalive()  # keeps proxies from timing the connection out
+                    frame = writer.keepalive()  # keeps proxies from timing the connection out
                 elif isinstance(event, Done):
                     finished = True
-                    yield writer.closing(event.usage, event.choices)
+                    frame = writer.closing(event.usage, event.choices)
                 elif isinstance(event, Failed):
                     finished = True
-                    yield writer.error(_failure_error(event).body())
+                    frame = writer.error(_failure_error(event).body())
+                else:
+                    continue
+                yield opening + frame
+                opening = b""
     except REDIS_UNAVAILABLE:
         # Headers are out: end the stream with an error event rather than a cut connection. The
         # worker records the usage itself; the periodic flush writes it (no fast path without Redis).
         log.warning("request %s: Redis failed while relaying its stream", job.request_id, exc_info=True)
         interrupted = ServiceUnavailable("The token stream was interrupted; try again.", code="stream_interrupted")
-        yield writer.error(interrupted.body())
+        yield opening + writer.error(interrupted.body())
         return
     finally:
         if not finished:
