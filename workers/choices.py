@@ -90,11 +90,13 @@ def parse_tool_calls(text: str, mode: str, name: str) -> list[dict]:
     """Tool calls as [{"name", "arguments" (a JSON string)}]; [] when ``text`` holds none (a cut-off
     or malformed output)."""
     try:
+        # strict=False: the engine's JSON grammar lets a raw control character into a string (seen with
+        # xgrammar on a random model); the arguments go out re-encoded, as valid JSON.
         if mode == "named":
-            arguments = json.loads(text)
+            arguments = json.loads(text, strict=False)
             return [{"name": name, "arguments": json.dumps(arguments)}] if isinstance(arguments, dict) else []
         if mode == "required":
-            calls = json.loads(text)
+            calls = json.loads(text, strict=False)
             return [
                 {"name": call["name"], "arguments": json.dumps(call.get("parameters") or {})}
                 for call in calls

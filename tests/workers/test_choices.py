@@ -45,3 +45,13 @@ def test_required_mode_reads_an_array_of_calls():
     ]
     assert parse_tool_calls('{"x": 1}', "named", "f") == [{"name": "f", "arguments": '{"x": 1}'}]
     assert parse_tool_calls("[1, 2", "required", "") == []
+
+
+def test_a_raw_control_character_in_a_constrained_string_still_gives_a_call_with_valid_json_arguments():
+    """The engine's JSON grammar let one through (xgrammar, random model): strict JSON would drop the call."""
+    text = '[{"name": "get_weather", "parameters": {"city": "Oslo\x18", "unit": "celsius"}}]'
+    [call] = parse_tool_calls(text, "required", "")
+    assert call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == {"city": "Oslo\x18", "unit": "celsius"}  # escaped: valid JSON
+    [named] = parse_tool_calls('{"city": "Oslo\x18"}', "named", "get_weather")
+    assert json.loads(named["arguments"]) == {"city": "Oslo\x18"}
