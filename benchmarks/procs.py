@@ -39,7 +39,7 @@ def engine_cpu_env() -> dict[str, str]:
     engine process inherits it, and vLLM's CPU backend picks its compute cores among the cores
     it may use: it found only core 1 ("Selected CPU core number (1) should be greater than reserved
     CPU core number (1)") and computed there, beside every serving process, leaving core 0 idle.
-    Now a process that hosts an engine starts unpinned with its OpenMP threads bound to the other
+    So a process that hosts an engine starts unpinned with its OpenMP threads bound to the other
     cores, and its serving threads are pinned once it is up (``Child.pin_serving_threads``); the
     same for every target. Empty when nothing is pinned (vLLM's own choice stands).
     """
