@@ -29,9 +29,13 @@ app.conf.update(
     task_default_queue="control",
     task_serializer="json",
     accept_content=["json"],
-    # Ack emulation stays on (kombu's default): turning it off saves two round trips per task but
-    # measures no faster in the end-to-end batching test (docs/benchmarks.md).
-    broker_transport_options={"visibility_timeout": 3600},
+    # No ack emulation: kombu's Redis transport would otherwise record every message it hands out
+    # in an "unacked" hash and delete it again on the ack, two round trips per task and most of
+    # the consumer's own work per message (docs/benchmarks.md), only to redeliver a message whose
+    # worker died before acknowledging it. Tasks are acknowledged on receipt, and the gateway
+    # already ends a request no worker starts (workers/serving.py `claim_request`), so nothing
+    # here wants a redelivery.
+    broker_transport_options={"ack_emulation": False},
     # kombu's Redis transport, reusing one client per channel for publishing (workers/broker.py).
     broker_transport="workers.broker:Transport",
     worker_hijack_root_logger=False,

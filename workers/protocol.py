@@ -40,7 +40,7 @@ Adapters:
 import json
 import os
 import secrets
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 REQUEST_TTL = 3600
@@ -162,7 +162,7 @@ class RequestInput:
         return len(self.prompt_token_ids) + sum(image["tokens"] - 1 for image in self.images)
 
     def dumps(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return _dumps(self)
 
     @classmethod
     def loads(cls, raw: str) -> "RequestInput":
@@ -198,8 +198,15 @@ class Usage:
     extra: dict = field(default_factory=dict)
 
     def dumps(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return _dumps(self)
 
     @classmethod
     def loads(cls, raw: str) -> "Usage":
         return cls(**json.loads(raw))
+
+
+def _dumps(record: RequestInput | Usage) -> str:
+    """The record's fields as compact JSON. Not ``dataclasses.asdict``, which deep-copies every value
+    first: a prompt's token ids one by one, ~10x the cost of the encoding (one input and one usage
+    entry per request, on the gateway's and the worker's hot paths)."""
+    return json.dumps({f.name: getattr(record, f.name) for f in fields(record)}, separators=(",", ":"))

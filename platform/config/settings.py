@@ -199,6 +199,8 @@ if ADAPTER_STORE_URL:
 ADAPTER_MAX_BYTES = env_int("ADAPTER_MAX_BYTES", 64 * 1024 * 1024, minimum=1024)
 ADAPTER_MAX_RANK = env_int("ADAPTER_MAX_RANK", 16, minimum=1)
 
+# The same Redis as REDIS_URL: the gateway pushes its inference tasks with its own client, in the
+# MULTI/EXEC that stores their input (gateway/dispatch.py `enqueue`).
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True

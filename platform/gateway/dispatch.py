@@ -35,6 +35,7 @@ from gateway.streams import stream_reader
 from quotas.settlement import usage_buffer as ledger_pending_put
 from quotas.settlement import usage_record as ledger_record
 from workers import protocol
+from workers.broker import task_message
 from workers.celery_app import app as celery_app
 from workers.protocol import RequestInput, Usage
 
@@ -109,18 +110,19 @@ def await_worker(model: ServedModel) -> list[str]:
 
 
 def enqueue(request: RequestInput, model: ServedModel) -> None:
+    """Store the request's input and its reader lease and send its Celery task, in one MULTI/EXEC:
+    a worker never sees a task without its input, and the hot path pays one round trip."""
     request.routed_to = _adapter_holder(request, model.pool) or ""
+    queue = protocol.worker_queue_name(request.routed_to) if request.routed_to else model.queue
+    message = task_message(
+        celery_app, "workers.generate", task_id=request.request_id, args=[request.request_id], queue=queue,
+        expires=settings.QUEUE_TIMEOUT_SECONDS,
+    )  # fmt: skip
     pipe = get_redis().pipeline(transaction=True)
     pipe.set(protocol.input_key(request.request_id), request.dumps(), ex=protocol.REQUEST_TTL)
     pipe.set(protocol.reader_key(request.request_id), 1, ex=int(protocol.READER_LEASE_SECONDS))
+    pipe.lpush(queue, message)
     pipe.execute()
-    celery_app.send_task(
-        "workers.generate",
-        args=[request.request_id],
-        queue=protocol.worker_queue_name(request.routed_to) if request.routed_to else model.queue,
-        task_id=request.request_id,
-        expires=settings.QUEUE_TIMEOUT_SECONDS,
-    )
 
 
 def _adapter_holder(request: RequestInput, pool: str) -> str | None:
