@@ -50,10 +50,16 @@ class PlatformStack:
 
     def __init__(
         self, model_dir: str, served_model_name: str, extra_env: dict[str, str] | None = None,
-        database: str = BENCH_DATABASE,
+        database: str = BENCH_DATABASE, *, source: Path = ROOT, redis_db: int | None = None,
+        label: str = "platform",
     ) -> None:  # fmt: skip
+        """``source``: the checkout whose code the processes run (another version of the platform,
+        a ``git worktree``, for a side-by-side comparison; the same database schema); ``redis_db``:
+        its Redis database (default BENCH_REDIS_DB or 12); ``label`` names its processes."""
         self.model_dir, self.model_name = str(Path(model_dir).resolve()), served_model_name
         self.database = database  # dropped and re-created on entry
+        self.source, self.label = Path(source).resolve(), label
+        self.redis_db = int(os.environ.get("BENCH_REDIS_DB", "12")) if redis_db is None else redis_db
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.extra_env = dict(extra_env or {})
@@ -69,7 +75,7 @@ class PlatformStack:
 
         self.services = ensure_services(ROOT / ".run")
         database_url = with_database(self.services["DATABASE_URL"], self.database)
-        redis_url = with_redis_db(self.services["REDIS_URL"], int(os.environ.get("BENCH_REDIS_DB", "12")))
+        redis_url = with_redis_db(self.services["REDIS_URL"], self.redis_db)
         recreate_database(self.services["DATABASE_URL"], self.database)
         import redis
 
@@ -93,6 +99,9 @@ class PlatformStack:
             POD_NAME="bench-pod",
             PYTHONUNBUFFERED="1",
         )
+        if self.source != ROOT:
+            # Before the virtual environment's .pth entries, which name this checkout's source roots.
+            env["PYTHONPATH"] = f"{self.source / 'platform'}{os.pathsep}{self.source}"
         return env
 
     def manage(self, *args: str) -> str:
@@ -108,10 +117,11 @@ class PlatformStack:
 
     def _children(self) -> list[Child]:
         worker = worker_command("bench", f"pool.{POOL},control", self.worker_concurrency, loglevel="WARNING")
+        schedule = STATE_DIR / f"{self.label}-celerybeat-schedule"
         return [
-            Child("platform-web", web_command(), self.env),
-            Child("platform-worker", worker, self.env, hosts_engine=True),
-            Child("platform-beat", beat_command(STATE_DIR / "celerybeat-schedule", loglevel="WARNING"), self.env),
+            Child(f"{self.label}-web", web_command(), self.env, cwd=self.source),
+            Child(f"{self.label}-worker", worker, self.env, cwd=self.source, hosts_engine=True),
+            Child(f"{self.label}-beat", beat_command(schedule, loglevel="WARNING"), self.env, cwd=self.source),
         ]
 
     def _wait_worker_ready(self, since: float = 0.0, timeout: float = START_TIMEOUT_S) -> None:
@@ -150,5 +160,6 @@ class PlatformStack:
             self.services.stop()  # only the embedded servers this run started
 
     def pids(self) -> dict[str, int]:
-        """Process ids to profile: gunicorn's master and Celery worker (their children hold the work)."""
-        return {child.name: child.pid for child in self.children}
+        """Process ids to profile: gunicorn's master and Celery worker (their children hold the work),
+        as ``platform-web``, ``platform-worker`` and ``platform-beat`` (whatever the label)."""
+        return {"platform-" + child.name.rpartition("-")[2]: child.pid for child in self.children}

@@ -9,13 +9,19 @@ the relay) and the Redis server (from ``INFO cpu``; shared with anything else on
 
 Two workloads: 1 completion token (what a request costs whatever its length: authentication,
 admission, dispatch, the Celery hop, the claim, settlement) and 64 tokens (plus the per-token
-relay). Each runs ``--rounds`` times; the figures are the median round. Compare two versions of
-the code by running this at each: absolute figures move with the machine, so run them back to back.
+relay). Each runs ``--rounds`` times; the figures are the median round. Absolute figures move with
+the machine by ±25% within minutes here, so compare versions side by side in one run: with
+``--baseline-source DIR`` (a ``git worktree`` of another commit) and/or ``--baseline-env NAME=VALUE``
+a second stack runs the baseline, and the two take turns round by round (the other one paused).
+
+    git worktree add /tmp/base HEAD~1
+    python -m benchmarks.request_cost --baseline-source /tmp/base --out .run/bench/cost.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -29,6 +35,8 @@ from benchmarks.profiling import CpuMeter, PySpy, hot_functions
 
 MODEL_NAME = "tiny-gemma4"
 WORKLOADS = ((1, 16, 320), (64, 32, 256))  # (completion tokens, streams, requests)
+BASELINE_DATABASE = "gemma_bench_baseline"
+BASELINE_REDIS_DB = 11
 
 
 def redis_cpu_seconds(client: redis.Redis) -> float:
@@ -69,52 +77,133 @@ def median_round(rounds: list[dict]) -> dict:
     return summary
 
 
+def _pairs(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"expected NAME=VALUE, got {item!r}")
+        env[name] = value
+    return env
+
+
+def _report(label: str, summary: dict) -> None:
+    cost = summary["cpu_ms_per_request"]
+    print(
+        f"{label:>9} {summary['tokens']:>3} tokens, {summary['streams']:>2} streams: "
+        f"{summary['requests_per_s']:>6.1f} req/s, CPU ms per request: web {cost['web']:.2f}, "
+        f"worker {cost['worker']:.2f}, redis {cost['redis']:.2f} (failed {summary['failed']})",
+        flush=True,
+    )
+
+
+def _profiled(stack, folder: Path) -> list[PySpy]:
+    pids = stack.pids()
+    spies = [
+        PySpy("web", pids["platform-web"], folder, subprocesses=True),
+        PySpy("worker", pids["platform-worker"], folder),
+    ]
+    for spy in spies:
+        spy.start()
+    time.sleep(1.0)  # py-spy attaches before the round starts
+    return spies
+
+
+def _print_profiles(spies: list[PySpy]) -> None:
+    for spy in spies:
+        print(f"-- {spy.out}")
+        for hot in hot_functions(spy.stop(), top=25):
+            print(f"   {hot.self_pct:5.1f}% self {hot.total_pct:5.1f}% incl  {hot.key}")
+
+
+class Targets:
+    """The stacks measured; with a baseline, only the one taking its turn runs (the other is paused,
+    SIGSTOP) and the rounds alternate, so a machine that slows down or speeds up during the run
+    does so for both alike."""
+
+    def __init__(self, stacks: dict) -> None:
+        self.stacks = stacks
+        self.paused = len(stacks) > 1
+        self.clients = {label: redis.Redis.from_url(stack.env["REDIS_URL"]) for label, stack in stacks.items()}
+        if self.paused:
+            for stack in stacks.values():
+                stack.pause()
+
+    @contextlib.contextmanager
+    def turn(self, label: str):
+        stack = self.stacks[label]
+        if self.paused:
+            stack.resume()
+        try:
+            yield stack
+        finally:
+            if self.paused:
+                stack.pause()
+
+    def order(self, attempt: int) -> list[str]:
+        return list(self.stacks) if attempt % 2 == 0 else list(reversed(self.stacks))
+
+
+def start_targets(args: argparse.Namespace, model_dir: str, exits: contextlib.ExitStack) -> Targets:
+    from benchmarks.platform_stack import PlatformStack
+
+    stacks = {"current": exits.enter_context(PlatformStack(model_dir, MODEL_NAME, extra_env=_pairs(args.env)))}
+    if args.baseline_source is not None or args.baseline_env:
+        stacks["current"].pause()  # while the baseline starts
+        stacks["baseline"] = exits.enter_context(
+            PlatformStack(
+                model_dir, MODEL_NAME, extra_env=_pairs(args.baseline_env), database=BASELINE_DATABASE,
+                source=Path(args.baseline_source or ROOT), redis_db=BASELINE_REDIS_DB, label="baseline",
+            )
+        )  # fmt: skip
+        stacks["current"].resume()
+    return Targets(stacks)
+
+
+def run_workload(targets: Targets, args: argparse.Namespace, workload: tuple[int, int, int], first: int) -> dict:
+    """Every round of one workload on every target; the median round per target."""
+    tokens, streams, requests = workload
+    rounds: dict[str, list] = {label: [] for label in targets.stacks}
+    for attempt in range(args.rounds):
+        for label in targets.order(attempt):
+            with targets.turn(label) as stack:
+                profiled = args.profile and attempt == args.rounds - 1
+                spies = _profiled(stack, Path(args.profile) / f"{label}-{tokens}-tokens") if profiled else []
+                rounds[label].append(measure(stack, targets.clients[label], tokens, streams, requests, first))
+                first += requests
+                _print_profiles(spies)
+    return {label: median_round(measured) for label, measured in rounds.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", help="write the results as JSON here too")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="for the platform under test")
+    parser.add_argument(
+        "--baseline-source", help="a checkout of another version (git worktree): measured too, round by round"
+    )
+    parser.add_argument("--baseline-env", action="append", default=[], metavar="NAME=VALUE", help="for the baseline")
     parser.add_argument("--profile", help="py-spy the web and worker processes during the last round into this folder")
     args = parser.parse_args(argv)
 
-    from benchmarks.platform_stack import PlatformStack
     from workers.tinymodel import build_tiny_model
 
     model_dir = str(build_tiny_model(ROOT / ".run" / "models" / MODEL_NAME))
-    results = []
-    with PlatformStack(model_dir, MODEL_NAME) as stack:
-        client = redis.Redis.from_url(stack.env["REDIS_URL"])
-        run_requests(stack.base_url, stack.api_key, Workload(MODEL_NAME, 100, 8), 8, 32, first_index=10**6)
-        first = 0
-        for tokens, streams, requests in WORKLOADS:
-            rounds = []
-            for attempt in range(args.rounds):
-                spies = []
-                if args.profile and attempt == args.rounds - 1:
-                    pids = stack.pids()
-                    folder = Path(args.profile) / f"{tokens}-tokens"
-                    spies = [PySpy("web", pids["platform-web"], folder, subprocesses=True),
-                             PySpy("worker", pids["platform-worker"], folder)]  # fmt: skip
-                    for spy in spies:
-                        spy.start()
-                    time.sleep(1.0)  # py-spy attaches before the round starts
-                rounds.append(measure(stack, client, tokens, streams, requests, first))
-                first += requests
-                for spy in spies:
-                    print(f"-- {spy.out}")
-                    for hot in hot_functions(spy.stop(), top=25):
-                        print(f"   {hot.self_pct:5.1f}% self {hot.total_pct:5.1f}% incl  {hot.key}")
-            summary = median_round(rounds)
-            results.append(summary)
-            cost = summary["cpu_ms_per_request"]
-            print(
-                f"{tokens:>3} tokens, {streams:>2} streams: {summary['requests_per_s']:>6.1f} req/s, "
-                f"CPU ms per request: web {cost['web']:.2f}, worker {cost['worker']:.2f}, redis {cost['redis']:.2f}"
-                f" (failed {summary['failed']})",
-                flush=True,
-            )
+    results: dict[str, list] = {}
+    with contextlib.ExitStack() as exits:
+        targets = start_targets(args, model_dir, exits)
+        for label in targets.stacks:
+            with targets.turn(label) as stack:  # warm-up
+                run_requests(stack.base_url, stack.api_key, Workload(MODEL_NAME, 100, 8), 8, 32, first_index=10**6)
+        for number, workload in enumerate(WORKLOADS):
+            for label, summary in run_workload(targets, args, workload, first=number * 10**5).items():
+                results.setdefault(label, []).append(summary)
+                _report(label, summary)
     if args.out:
         with open(args.out, "w") as out:
-            json.dump({"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "results": results}, out)
+            measured = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+            json.dump({"measured_at": measured, "args": vars(args), "results": results}, out, indent=1)
     return 0
 
 
