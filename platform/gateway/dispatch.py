@@ -33,7 +33,7 @@ from gateway.errors import ServiceUnavailable
 from gateway.offload import run_blocking
 from gateway.streams import stream_reader
 from quotas.settlement import usage_buffer as ledger_pending_put
-from quotas.settlement import usage_record as ledger_record
+from quotas.settlement import usage_record, usage_record_async
 from workers import protocol
 from workers.broker import task_message
 from workers.celery_app import app as celery_app
@@ -338,8 +338,11 @@ def _usage_for(request: RequestInput, completion_tokens: int, *, status: str, wo
     )
 
 
-def record(request_id: str) -> None:
-    """Fast path into the ledger right after a request ends (the periodic flush is the safety net).
-
-    Blocking (Redis script, maybe an INSERT): call it through `run_blocking` from async code."""
-    ledger_record(request_id)
+async def record(request_id: str) -> None:
+    """Fast path into the ledger right after a request ends (the periodic flush is the safety net):
+    its quota settles now, on the event loop, and its row follows with the next batch; with
+    batching off (LEDGER_BATCH_SECONDS=0) both happen now, on a gateway thread (an INSERT)."""
+    if settings.LEDGER_BATCH_SECONDS:
+        await usage_record_async(request_id)
+    else:
+        await run_blocking(usage_record, request_id)

@@ -349,11 +349,11 @@ async def _collect(job: RequestInput, model, spec: InferenceRequest) -> HttpResp
         raise
     if isinstance(outcome, Failed):
         # Settled now too, as a stream that ends with an error is: the periodic flush is only the safety net.
-        await run_blocking(dispatch.record, job.request_id)
+        await dispatch.record(job.request_id)
         return error_response(_failure_error(outcome))
     outputs, usage = outcome
     body = completion_body(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, outputs, usage)
-    await run_blocking(dispatch.record, job.request_id)
+    await dispatch.record(job.request_id)
     return HttpResponse(json.dumps(body), content_type="application/json")
 
 
@@ -455,4 +455,4 @@ async def _stream(job: RequestInput, model, spec: InferenceRequest):
         if not finished:
             await _abandon(job)
     # Reached only after the last frame was written out.
-    await run_blocking(dispatch.record, job.request_id)
+    await dispatch.record(job.request_id)

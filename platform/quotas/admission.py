@@ -37,8 +37,13 @@ _LUA = Path(__file__).resolve().parent / "lua"
 
 
 @cache
+def _lua_source(name: str) -> str:
+    return (_LUA / f"{name}.lua").read_text()
+
+
+@cache
 def _script(name: str):
-    return get_redis().register_script((_LUA / f"{name}.lua").read_text())
+    return get_redis().register_script(_lua_source(name))
 
 
 def resv_key(request_id: str) -> str:

@@ -7,7 +7,8 @@ and unused budget back at once, without waiting for PostgreSQL. This module is t
 does it; the settle script itself (`quota_settle`) is idempotent per request id, so each path below
 may overlap the others safely:
 
-- `usage_record`: the gateway's fast path when a relay ends (settle now, write the row in a batch);
+- `usage_record` / `usage_record_async`: the gateway's fast path when a relay ends (settle now,
+  write the row in a batch);
 - `usage_buffer`: the gateway puts the usage of a request no worker finished, and settles it;
 - every flush of `ledger:pending` (the periodic `ledger.flush` task, an invoice run) settles each
   batch before writing it (`ledger.services.pending_flushing`), for a request whose gateway died;
@@ -19,11 +20,11 @@ import time
 from django.conf import settings
 from django.dispatch import receiver
 
-from config.redis_client import get_redis
+from config.redis_client import get_async_redis, get_redis
 from ledger.models import UsageRecord
 from ledger.services import ledger_flush, ledger_pending_get, ledger_pending_put, pending_flushing
 from ledger.writer import ledger_write_soon
-from quotas.admission import RESERVATIONS, _script, quota_settle, resv_key
+from quotas.admission import RESERVATIONS, _lua_source, _script, quota_settle, resv_key
 from workers.protocol import LEDGER_PENDING, Usage
 
 
@@ -34,11 +35,7 @@ def usages_settle(usages: list[Usage]) -> None:
     script = _script("settle")
     pipe = get_redis().pipeline(transaction=False)
     for usage in usages:
-        script(
-            keys=[resv_key(usage.request_id), RESERVATIONS],
-            args=[usage.request_id, usage.prompt_tokens, usage.completion_tokens],
-            client=pipe,
-        )
+        script(keys=_settle_keys(usage), args=_settle_args(usage), client=pipe)
     pipe.execute()
 
 
@@ -52,6 +49,27 @@ def usage_record(request_id: str) -> None:
         return
     usages_settle(ledger_pending_get([request_id]))
     ledger_write_soon(request_id)
+
+
+async def usage_record_async(request_id: str) -> None:
+    """`usage_record` with batching on (LEDGER_BATCH_SECONDS > 0), for the event loop: the settle is
+    one round trip on the loop's own Redis client, so the request that ended needs no thread (and
+    its response no thread hop before it ends)."""
+    redis = get_async_redis()
+    raw = await redis.hget(LEDGER_PENDING, request_id)
+    if raw is not None:
+        usage = Usage.loads(raw)
+        settle = redis.register_script(_lua_source("settle"))
+        await settle(keys=_settle_keys(usage), args=_settle_args(usage))
+    ledger_write_soon(request_id)
+
+
+def _settle_keys(usage: Usage) -> list[str]:
+    return [resv_key(usage.request_id), RESERVATIONS]
+
+
+def _settle_args(usage: Usage) -> list:
+    return [usage.request_id, usage.prompt_tokens, usage.completion_tokens]
 
 
 def usage_buffer(usage: Usage, *, only_if_absent: bool = False) -> None:

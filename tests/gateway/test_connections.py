@@ -11,6 +11,7 @@ from django.test import Client
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from config.redis_client import get_async_redis
 from ledger.models import UsageRecord
 from tests.quotas.helpers import worker_reports
 
@@ -43,16 +44,36 @@ def _finished_request(make_tenant, redis_client, request_id: str):
 
 
 def _record_on_a_gateway_thread(request_id: str):
-    """What the views do when a request ends: dispatch.record through run_blocking. Returns the
-    database connection wrapper of the thread that ran it."""
-    from gateway import dispatch
+    """What `dispatch.record` does with batching off: `usage_record` through run_blocking. Returns
+    the database connection wrapper of the thread that ran it."""
     from gateway.offload import run_blocking
+    from quotas.settlement import usage_record
 
     def record():
-        dispatch.record(request_id)
+        usage_record(request_id)
         return db.connections["default"]  # this thread's own
 
     return asyncio.run(run_blocking(record))
+
+
+def _async_append(calls: list):
+    """A stand-in for the async `dispatch.record` that notes each call."""
+
+    async def append(request_id: str) -> None:
+        calls.append(request_id)
+
+    return append
+
+
+def _record_as_the_views_do(request_id: str) -> None:
+    from gateway import dispatch
+
+    async def record():
+        await dispatch.record(request_id)
+        # Closed by the test's loop: the loop's Redis client is left for the garbage collector otherwise.
+        await get_async_redis().aclose()
+
+    asyncio.run(record())
 
 
 @pytest.mark.django_db(transaction=True)
@@ -78,10 +99,9 @@ def test_a_batched_reply_settles_at_once_and_its_row_follows(
     settings.LEDGER_BATCH_SECONDS = 0.05
     _finished_request(make_tenant, redis_client, "chatcmpl-batch")
 
-    thread_connection = _record_on_a_gateway_thread("chatcmpl-batch")
+    _record_as_the_views_do("chatcmpl-batch")  # on the event loop: no thread, no database connection
 
     assert not redis_client.exists("resv:chatcmpl-batch")  # the quota is settled before the reply ends
-    assert thread_connection.connection is None  # the request's thread holds no connection
     deadline = time.monotonic() + 10
     while not UsageRecord.objects.filter(request_id="chatcmpl-batch").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -155,7 +175,7 @@ def test_a_redis_failure_mid_stream_ends_it_with_an_error_event(monkeypatch):
 
     monkeypatch.setattr(dispatch, "relay", relay)
     monkeypatch.setattr(dispatch, "abandon", abandon)
-    monkeypatch.setattr(dispatch, "record", recorded.append)
+    monkeypatch.setattr(dispatch, "record", _async_append(recorded))
     job = _job("cmpl-cut")
     spec = completion_request({"model": "m", "prompt": "hi", "stream": True})
 
@@ -202,7 +222,7 @@ def test_a_stream_cancelled_while_it_waits_for_tokens_abandons_its_request(monke
 
     monkeypatch.setattr(dispatch, "relay", relay.relay)
     monkeypatch.setattr(dispatch, "abandon", abandon)
-    monkeypatch.setattr(dispatch, "record", recorded.append)
+    monkeypatch.setattr(dispatch, "record", _async_append(recorded))
 
     async def scenario():
         consumer = asyncio.ensure_future(_frames(views._stream(_job("cmpl-gone"), _MODEL, _stream_spec())))
