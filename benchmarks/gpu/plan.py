@@ -49,8 +49,8 @@ H200_VARIANTS: dict[str, dict[str, Any]] = {
     "h200-bf16": {"quantization": None},
     # FP8 KV cache on top of FP8 weights (tried in the first run; not kept).
     "h200-fp8kv": {"kv_cache_dtype": "fp8"},
-    # Outputs sent to the frontend every 4 tokens instead of every token (less per-step host work).
-    "h200-si4": {"stream_interval": 4},
+    # One output per token instead of the profile's one every 4 tokens (more per-step host work).
+    "h200-si1": {"stream_interval": 1},
     # Per-step statistics off (no Prometheus metrics from the engine).
     "h200-nostats": {"disable_log_stats": True},
 }
@@ -107,7 +107,7 @@ ADAPTER_RANK = 16
 # Seconds allowed per adapter level for loading its adapters (one short request each) before it.
 ADAPTER_LOAD_S = 5.0
 
-STAGES = ("profiles", "platform", "compare", "variants", "fusions", "capacity", "adapters")
+STAGES = ("profiles", "platform", "compare", "variants", "fusions", "capacity", "adapters", "interval")
 # What `device.sh bench` runs without arguments: the platform comparison alone fits one 600 s call
 # with a cold start (engine start ~170-300 s, then 2 x 98 s of levels); the others take a call each.
 DEFAULT_STAGES = ("platform",)
@@ -203,6 +203,8 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str, adapter_folder: str
     other single changes to h200, with stock and h200 again as the same-run references. ``fusions``:
     the compile-time fusion passes on top of h200, with the same references. ``adapters``: the
     LoRA-enabled h200 engine over 0-32 adapters and h200 without LoRA (``adapter_runs``).
+    ``interval``: the platform stage's bare engine with its profile's ``stream_interval`` and with one
+    output per token (``interval_runs``).
     """
     if stage == "profiles":
         runs = [stock_run(model_dir)] + [profile_run(p, model_dir) for p in PROFILES]
@@ -235,9 +237,25 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str, adapter_folder: str
                 else CAPACITY_KV_CACHE_BYTES * 6 // 10  # fmt: skip
             runs.append(EngineRun(name, {**run.engine_args, "kv_cache_memory_bytes": kv}, levels, run.description))
         return runs
-    if stage == "adapters":
-        return adapter_runs(model_dir, adapter_folder)
+    if stage in ("adapters", "interval"):
+        return adapter_runs(model_dir, adapter_folder) if stage == "adapters" else interval_runs(tok_model_dir)
     raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
+
+
+# The interval stage's levels: where the platform's worker handles the most outputs per second.
+INTERVAL_LEVELS = (128, 256, 512)
+
+
+def interval_runs(tok_model_dir: str) -> list[EngineRun]:
+    """The h200 profile's ``stream_interval`` (an output per request every 4 tokens) against one output
+    per token, each as the platform stage's bare engine runs (tokenizer, detokenization, its KV cache):
+    whether the setting the platform needs for its worker costs the engine anything at large batches."""
+    runs = []
+    for name, interval in (("bare-si4", 4), ("bare-si1", 1)):
+        run = profile_run("h200", tok_model_dir, name, tokenizer=True, levels=INTERVAL_LEVELS, stream_interval=interval)
+        args = {**run.engine_args, **platform_worker_overrides()}
+        runs.append(EngineRun(run.name, args, run.levels, run.description))
+    return runs
 
 
 def platform_worker_overrides() -> dict[str, Any]:

@@ -91,3 +91,13 @@ def test_capacity_runs_give_every_running_sequence_room():
     assert runs["cap-fp8kv"].engine_args["kv_cache_dtype"] == "fp8"
     assert "skip_tokenizer_init" not in runs["cap-h200-tok"].engine_args
     assert runs["cap-h200"].engine_args["skip_tokenizer_init"] is True
+
+
+def test_the_interval_stage_is_the_platforms_bare_engine_with_and_without_one_output_per_token():
+    stage = runs("interval")
+    bare = runs("platform")["bare-h200"].engine_args
+    assert stage["bare-si4"].engine_args == bare  # the h200 profile's own setting
+    assert stage["bare-si1"].engine_args == {**bare, "stream_interval": 1}
+    assert stage["bare-si4"].levels == stage["bare-si1"].levels == plan.INTERVAL_LEVELS
+    both = sum(run.planned_seconds() for run in stage.values())
+    assert 300 + both + 40 < 565  # a cold start of the two engines and both measurements fit one call
