@@ -118,12 +118,6 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 # so a default change cannot turn it off silently).
                 "async_scheduling": True,
                 "disable_log_stats": False,
-                # One output per request every 4 tokens (the first and the last at once) instead of
-                # one per token: the worker's relay coalesces into flushes of >= 20 ms anyway, and
-                # every engine output costs the worker process's interpreter (vLLM's output objects,
-                # the request's queue and coroutine, the relay's bookkeeping), the interpreter that
-                # feeds the engine core. The bare engine measured the same tokens/s with it (docs/gpu.md).
-                "stream_interval": 4,
             },
             # Tenants' adapters (ENGINE_LORA=1): 8 per batch, ~0.6 GB of preallocated buffers.
             # Off by default: their cost to base requests on a GPU has not been measured.
@@ -163,12 +157,6 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 # side, not the GPU, limits small-model decode steps.
                 "async_scheduling": True,
                 "disable_log_stats": False,
-                # One output per request every 4 tokens (the first and the last at once) instead of
-                # one per token: the worker's relay coalesces into flushes of >= 20 ms anyway, and
-                # every engine output costs the worker process's interpreter (vLLM's output objects,
-                # the request's queue and coroutine, the relay's bookkeeping), the interpreter that
-                # feeds the engine core. The bare engine measured the same tokens/s with it (docs/gpu.md).
-                "stream_interval": 4,
             },
             # Tenants' adapters (ENGINE_LORA=1): 32 per batch, ~2.3 GB of buffers. Off by default:
             # their cost to base requests has not been measured on the H200.

@@ -93,11 +93,11 @@ def test_capacity_runs_give_every_running_sequence_room():
     assert runs["cap-h200"].engine_args["skip_tokenizer_init"] is True
 
 
-def test_the_interval_stage_is_the_platforms_bare_engine_with_and_without_one_output_per_token():
+def test_the_interval_stage_is_the_platforms_bare_engine_with_one_output_per_token_and_per_four():
     stage = runs("interval")
     bare = runs("platform")["bare-h200"].engine_args
-    assert stage["bare-si4"].engine_args == bare  # the h200 profile's own setting
-    assert stage["bare-si1"].engine_args == {**bare, "stream_interval": 1}
+    assert stage["bare-si1"].engine_args == {**bare, "stream_interval": 1}  # vLLM's default, as the profile runs
+    assert stage["bare-si4"].engine_args == {**bare, "stream_interval": 4}
     assert stage["bare-si4"].levels == stage["bare-si1"].levels == plan.INTERVAL_LEVELS
     both = sum(run.planned_seconds() for run in stage.values())
     assert 300 + both + 40 < 565  # a cold start of the two engines and both measurements fit one call
