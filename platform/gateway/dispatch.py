@@ -33,7 +33,7 @@ from gateway.errors import ServiceUnavailable
 from gateway.offload import run_blocking
 from gateway.streams import stream_reader
 from quotas.settlement import usage_buffer as ledger_pending_put
-from quotas.settlement import usage_record, usage_record_async
+from quotas.settlement import usage_record_async, usage_record_now
 from workers import protocol
 from workers.broker import task_message
 from workers.celery_app import app as celery_app
@@ -345,4 +345,4 @@ async def record(request_id: str) -> None:
     if settings.LEDGER_BATCH_SECONDS:
         await usage_record_async(request_id)
     else:
-        await run_blocking(usage_record, request_id)
+        await run_blocking(usage_record_now, request_id)

@@ -60,19 +60,13 @@ def ledger_write(usages: list[Usage]) -> None:
     UsageRecord.objects.bulk_create([usage_record_from(u) for u in usages], ignore_conflicts=True)
 
 
-def ledger_pending_get(request_ids: list[str]) -> list[Usage]:
-    """The pending usage entries of these requests (those not in Redis are left out)."""
-    batches = _pending_batches(get_redis(), request_ids, len(request_ids))
-    return [Usage.loads(raw) for batch in batches for raw in batch.values()]
-
-
 def ledger_flush(*, request_ids: list[str] | None = None, batch_size: int = 500, settle: bool = True) -> int:
     """Write pending usage into the ledger; returns how many entries were flushed.
 
     With request_ids, only those entries (the gateway's fast path right after a request ends);
     without, everything pending (the periodic task). Entries stay in Redis when PostgreSQL fails.
     `settle`: announce each batch on `pending_flushing` first (the quotas settle from it); False when
-    the caller settled these entries already (quotas.settlement.usage_record).
+    the caller settled these entries already (quotas.settlement.usage_record_async).
     """
     redis = get_redis()
     flushed = 0

@@ -1,7 +1,7 @@
 """The gateway's fast path into the ledger: the rows of finished requests, written in batches.
 
 When a request ends, its quota reservation is settled on the spot (quotas/settlement.py
-`usage_record`: the tenant's concurrency slot and budget come back before the response ends), and
+`usage_record_async`: the tenant's concurrency slot and budget come back before the response ends), and
 its request id is handed to a thread of the web process that writes the ledger rows of every
 request that ended in the last `LEDGER_BATCH_SECONDS` with one INSERT: one INSERT and commit per
 response cost ~15% of the gateway's CPU samples at 32 streams, and a commit's wait before the

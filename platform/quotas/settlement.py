@@ -7,8 +7,8 @@ and unused budget back at once, without waiting for PostgreSQL. This module is t
 does it; the settle script itself (`quota_settle`) is idempotent per request id, so each path below
 may overlap the others safely:
 
-- `usage_record` / `usage_record_async`: the gateway's fast path when a relay ends (settle now,
-  write the row in a batch);
+- `usage_record_async` (`usage_record_now` with batching off): the gateway's fast path when a relay
+  ends (settle now, write the row in a batch);
 - `usage_buffer`: the gateway puts the usage of a request no worker finished, and settles it;
 - every flush of `ledger:pending` (the periodic `ledger.flush` task, an invoice run) settles each
   batch before writing it (`ledger.services.pending_flushing`), for a request whose gateway died;
@@ -17,12 +17,11 @@ may overlap the others safely:
 
 import time
 
-from django.conf import settings
 from django.dispatch import receiver
 
 from config.redis_client import get_async_redis, get_redis
 from ledger.models import UsageRecord
-from ledger.services import ledger_flush, ledger_pending_get, ledger_pending_put, pending_flushing
+from ledger.services import ledger_flush, ledger_pending_put, pending_flushing
 from ledger.writer import ledger_write_soon
 from quotas.admission import RESERVATIONS, _lua_source, _script, quota_settle, resv_key
 from workers.protocol import LEDGER_PENDING, Usage
@@ -39,22 +38,18 @@ def usages_settle(usages: list[Usage]) -> None:
     pipe.execute()
 
 
-def usage_record(request_id: str) -> None:
-    """A request ended (its usage entry is pending): settle its quota now and write its ledger row,
-    with the next batch (LEDGER_BATCH_SECONDS), or at once in this thread when batching is off.
+def usage_record_now(request_id: str) -> None:
+    """A request ended (its usage entry is pending) and ledger batching is off
+    (LEDGER_BATCH_SECONDS=0): settle its quota and write its ledger row now, in this thread.
 
-    Blocking (Redis script, maybe an INSERT): call it through `run_blocking` from async code."""
-    if not settings.LEDGER_BATCH_SECONDS:
-        ledger_flush(request_ids=[request_id])  # settles through `pending_flushing`, then writes
-        return
-    usages_settle(ledger_pending_get([request_id]))
-    ledger_write_soon(request_id)
+    Blocking (Redis script, an INSERT): call it through `run_blocking` from async code."""
+    ledger_flush(request_ids=[request_id])  # settles through `pending_flushing`, then writes
 
 
 async def usage_record_async(request_id: str) -> None:
-    """`usage_record` with batching on (LEDGER_BATCH_SECONDS > 0), for the event loop: the settle is
-    one round trip on the loop's own Redis client, so the request that ended needs no thread (and
-    its response no thread hop before it ends)."""
+    """A request ended (its usage entry is pending) and ledger batching is on: settle its quota now,
+    on the event loop's own Redis client (no thread, and no thread hop before its response ends), and
+    have its row written with the process's next batch (LEDGER_BATCH_SECONDS)."""
     redis = get_async_redis()
     raw = await redis.hget(LEDGER_PENDING, request_id)
     if raw is not None:

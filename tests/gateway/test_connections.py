@@ -44,13 +44,13 @@ def _finished_request(make_tenant, redis_client, request_id: str):
 
 
 def _record_on_a_gateway_thread(request_id: str):
-    """What `dispatch.record` does with batching off: `usage_record` through run_blocking. Returns
+    """What `dispatch.record` does with batching off: `usage_record_now` through run_blocking. Returns
     the database connection wrapper of the thread that ran it."""
     from gateway.offload import run_blocking
-    from quotas.settlement import usage_record
+    from quotas.settlement import usage_record_now
 
     def record():
-        usage_record(request_id)
+        usage_record_now(request_id)
         return db.connections["default"]  # this thread's own
 
     return asyncio.run(run_blocking(record))
