@@ -36,8 +36,11 @@ def redis_client():
     """A client on the suite's Redis database, emptied before the test."""
     import redis
 
+    from tenants import services
+
     client = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
     client.flushdb()
+    services._last_used_tried.clear()  # this process's marks of `lastused:*` keys just flushed
     yield client
     client.close()
 

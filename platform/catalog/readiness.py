@@ -18,22 +18,24 @@ def heartbeat_cutoff() -> float:
 
 
 def state_reads(pipe, names: list[str]):
-    """Queue on `pipe` (sync or async) the read of each worker's state."""
+    """Queue on `pipe` (sync or async) the read of each worker's state and reported slots."""
     for name in names:
-        pipe.hget(protocol.worker_key(name), "state")
+        pipe.hmget(protocol.worker_key(name), "state", "slots")
     return pipe
 
 
-def only_ready(names: list[str], states: list[str | None]) -> list[str]:
-    return [name for name, state in zip(names, states, strict=True) if state == "ready"]
+def only_ready(names: list[str], replies: list[list[str | None]]) -> dict[str, int]:
+    """The ready workers among `names`, each with the slots its heartbeat reports (0: none)."""
+    return {name: int(slots or 0) for name, (state, slots) in zip(names, replies, strict=True) if state == "ready"}
 
 
-def ready_workers(pool: str) -> list[str]:
-    """Names of the pool's workers that heartbeat recently and have a ready engine."""
+def ready_workers(pool: str) -> dict[str, int]:
+    """The pool's workers that heartbeat recently and have a ready engine, each with its slots
+    (its Celery concurrency, 0 if it reports none): one read serves dispatch and fair share."""
     redis = get_redis()
     fresh = redis.zrangebyscore(protocol.pool_workers_key(pool), heartbeat_cutoff(), "+inf")
     if not fresh:
-        return []
+        return {}
     return only_ready(fresh, state_reads(redis.pipeline(transaction=False), fresh).execute())
 
 

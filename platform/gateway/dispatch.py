@@ -84,8 +84,9 @@ class _Progress:
             self.claim_seen_at = self.last_event
 
 
-def await_worker(model: ServedModel) -> list[str]:
-    """The pool's ready workers, once there is one; waits (bounded) on a pool scaling from zero."""
+def await_worker(model: ServedModel) -> dict[str, int]:
+    """The pool's ready workers (name → slots), once there is one; waits (bounded) on a pool
+    scaling from zero."""
     ready = ready_workers(model.pool)
     if ready:
         return ready
@@ -226,12 +227,12 @@ async def _final_usage(key: str, after_id: str) -> Usage | None:
     return None
 
 
-async def _ready_workers_async(pool: str) -> list[str]:
+async def _ready_workers_async(pool: str) -> dict[str, int]:
     """`ready_workers`, read on the event loop."""
     redis = get_async_redis()
     fresh = await redis.zrangebyscore(protocol.pool_workers_key(pool), _heartbeat_cutoff(), "+inf")
     if not fresh:
-        return []
+        return {}
     return _only_ready(fresh, await _state_reads(redis.pipeline(transaction=False), fresh).execute())
 
 

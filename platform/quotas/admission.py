@@ -36,9 +36,18 @@ UNLIMITED = -1
 _LUA = Path(__file__).resolve().parent / "lua"
 
 
+# Scripts made of others, so that one round trip does what each does alone: each part becomes a
+# local function of (KEYS, ARGV) ahead of the script's own text.
+_PARTS = {"admit_and_take_slot": ("admit", "fair_acquire"), "settle_pending": ("settle",)}
+
+
 @cache
 def _lua_source(name: str) -> str:
-    return (_LUA / f"{name}.lua").read_text()
+    parts = "".join(
+        f"local function {part}(KEYS, ARGV)\n{(_LUA / f'{part}.lua').read_text()}\nend\n"
+        for part in _PARTS.get(name, ())
+    )
+    return parts + (_LUA / f"{name}.lua").read_text()
 
 
 @cache
@@ -195,6 +204,18 @@ def quota_admit(
     `check_only`: decide the same way but reserve nothing (`request_id` then names no reservation).
     Given a lower bound of the prompt's size, a refusal then is one that admission with the exact
     size would make too. `redis`: a client to run on (default: the process's shared one)."""
+    keys, args = admit_call(
+        request_id=request_id, tenant_id=tenant_id, key_id=key_id, limits=limits, prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens, choices=choices, check_only=check_only,
+    )  # fmt: skip
+    return admitted_from(_script("admit")(keys=keys, args=args, client=redis))
+
+
+def admit_call(
+    *, request_id: str, tenant_id: int, key_id: int, limits: Limits, prompt_tokens: int, max_tokens: int,
+    implicit_max_tokens: bool, choices: int, check_only: bool = False,
+) -> tuple[list[str], list]:  # fmt: skip
+    """The keys and arguments of the admit script (`quota_admit`)."""
     scopes = [tenant_scope(tenant_id)]
     args = [request_id, prompt_tokens, max_tokens, int(implicit_max_tokens), limits.period.id,
             int(limits.period.end.timestamp()), HOLD_SECONDS, int(check_only), max(1, choices)]  # fmt: skip
@@ -202,7 +223,11 @@ def quota_admit(
     if limits.key is not None:
         scopes.append(key_scope(key_id))
         args += _scope_args(limits.key, limits.key_used)
-    reply = _script("admit")(keys=[resv_key(request_id), RESERVATIONS, *scopes], args=args, client=redis)
+    return [resv_key(request_id), RESERVATIONS, *scopes], args
+
+
+def admitted_from(reply: list) -> Admitted:
+    """The admit script's reply as an Admitted, or QuotaExceeded."""
     if reply[0] == 1:
         return Admitted(max_tokens=int(reply[1]), headers=ratelimit_headers(json.loads(reply[2])))
     limit, retry_after = reply[1], int(reply[2])

@@ -11,14 +11,15 @@ gives it back; slots of requests nobody settled expire with the reservation.
 
 import random
 import time
+from collections.abc import Mapping
 
 from django.conf import settings
 
 from catalog.readiness import ready_workers as _ready
 from config.redis_client import get_redis
 from core.errors import ServiceUnavailable
-from quotas.admission import HOLD_SECONDS, _script, resv_key
-from workers import protocol
+from quotas.admission import HOLD_SECONDS, Admitted, _script, admit_call, admitted_from, resv_key
+from quotas.limits import Limits
 
 # A waiting tenant counts as waiting while one of its requests polled within this many seconds.
 WAITER_FRESH_SECONDS = 2.0
@@ -37,35 +38,69 @@ def fair_share_acquire(
     capacity: int,
     timeout: float | None = None,
     poll: float | None = None,
+    queued: bool = False,
     redis=None,
 ) -> float:
-    """Wait for a slot of the pool; returns the seconds waited. ServiceUnavailable after `timeout`."""
+    """Wait for a slot of the pool; returns the seconds waited. ServiceUnavailable after `timeout`.
+
+    `queued`: the request's first try already found no slot and counted it as waiting
+    (`quota_admit_with_slot`); the tries go on from there."""
     if capacity <= 0:
         return 0.0
     timeout = settings.QUEUE_TIMEOUT_SECONDS if timeout is None else timeout
     poll = settings.FAIR_SHARE_POLL_SECONDS if poll is None else poll
     script = _script("fair_acquire")
     started = time.monotonic()
-    waiting = False
+    waiting = queued
     while True:
+        if waiting:
+            if time.monotonic() - started >= timeout:
+                _stop_waiting(redis or get_redis(), pool, tenant_id)
+                raise ServiceUnavailable(
+                    "The model's workers are saturated; try again later.",
+                    code="pool_saturated",
+                    headers={"Retry-After": "5"},
+                )
+            time.sleep(poll * (0.5 + random.random()))  # jitter: waiters do not poll in lockstep
         got = script(
-            keys=[pool_prefix(pool), resv_key(request_id)],
-            args=[tenant_id, request_id, max(1, weight), capacity, HOLD_SECONDS, WAITER_FRESH_SECONDS, int(waiting)],
+            keys=_slot_keys(pool, request_id), args=_slot_args(tenant_id, request_id, weight, capacity, waiting),
             client=redis,
-        )
+        )  # fmt: skip
         if got == 1:
             return time.monotonic() - started
         if got == -1:
             raise ServiceUnavailable("The request's reservation expired before a worker slot freed.", code="expired")
         waiting = True
-        if time.monotonic() - started >= timeout:
-            _stop_waiting(redis or get_redis(), pool, tenant_id)
-            raise ServiceUnavailable(
-                "The model's workers are saturated; try again later.",
-                code="pool_saturated",
-                headers={"Retry-After": "5"},
-            )
-        time.sleep(poll * (0.5 + random.random()))  # jitter: waiters do not poll in lockstep
+
+
+def quota_admit_with_slot(
+    *, request_id: str, tenant_id: int, key_id: int, limits: Limits, prompt_tokens: int, max_tokens: int,
+    implicit_max_tokens: bool, choices: int = 1, pool: str, weight: int, capacity: int, redis=None,
+) -> tuple[Admitted, bool]:  # fmt: skip
+    """`quota_admit` and, for a pool of `capacity` slots (> 0), the first try for the request's slot,
+    in one script: one round trip, and no moment where the reservation exists without its try.
+    Returns the reservation and whether the slot was taken (always, with no capacity to share);
+    if not, the request counts as waiting and goes on with `fair_share_acquire(queued=True)`.
+    Raises QuotaExceeded (nothing reserved, no slot tried)."""
+    keys, args = admit_call(
+        request_id=request_id, tenant_id=tenant_id, key_id=key_id, limits=limits, prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens, choices=choices,
+    )  # fmt: skip
+    if capacity <= 0:
+        return admitted_from(_script("admit")(keys=keys, args=args, client=redis)), True
+    slot_args = _slot_args(tenant_id, request_id, weight, capacity, waiting=False)
+    reply = _script("admit_and_take_slot")(
+        keys=[*keys, pool_prefix(pool)], args=[len(keys), len(args), *args, *slot_args], client=redis
+    )
+    return admitted_from(reply[:3] if reply[0] == 1 else reply), reply[0] == 1 and reply[3] == 1
+
+
+def _slot_keys(pool: str, request_id: str) -> list[str]:
+    return [pool_prefix(pool), resv_key(request_id)]
+
+
+def _slot_args(tenant_id: int, request_id: str, weight: int, capacity: int, waiting: bool) -> list:
+    return [tenant_id, request_id, max(1, weight), capacity, HOLD_SECONDS, WAITER_FRESH_SECONDS, int(waiting)]
 
 
 def _stop_waiting(redis, pool: str, tenant_id: int) -> None:
@@ -73,16 +108,12 @@ def _stop_waiting(redis, pool: str, tenant_id: int) -> None:
         redis.hset(f"{pool_prefix(pool)}:waitn", tenant_id, 0)
 
 
-def pool_capacity(pool: str, ready_workers: list[str] | None = None) -> int:
+def pool_capacity(pool: str, ready_workers: Mapping[str, int] | None = None) -> int:
     """Requests the pool's ready workers run at once: the slots each reports in its heartbeat (its
     Celery concurrency), FAIR_SHARE_SLOTS_PER_WORKER for one that reports none; 0 when fair share is off.
-    `ready_workers`: the names the caller already read (the gateway did, a moment before), else read now."""
+    `ready_workers`: what the caller already read (`catalog.readiness.ready_workers`, name → slots),
+    else read now."""
     if not settings.FAIR_SHARE:
         return 0
-    names = _ready(pool) if ready_workers is None else ready_workers
-    if not names:
-        return 0
-    pipe = get_redis().pipeline(transaction=False)
-    for name in names:
-        pipe.hget(protocol.worker_key(name), "slots")
-    return sum(int(slots or 0) or settings.FAIR_SHARE_SLOTS_PER_WORKER for slots in pipe.execute())
+    slots = _ready(pool) if ready_workers is None else ready_workers
+    return sum(reported or settings.FAIR_SHARE_SLOTS_PER_WORKER for reported in slots.values())

@@ -8,6 +8,8 @@ parameter to shrink, without Retry-After (no wait helps); one over a limit for n
 (429) with Retry-After, and is recorded for the tenant's console (quotas/refusals.py).
 """
 
+from collections.abc import Mapping
+
 from catalog.models import ServedModel
 from core.errors import InvalidRequest, RateLimited
 from quotas.admission import (
@@ -18,7 +20,7 @@ from quotas.admission import (
     quota_release,
     quota_size_check,
 )
-from quotas.fairshare import fair_share_acquire, pool_capacity
+from quotas.fairshare import fair_share_acquire, pool_capacity, quota_admit_with_slot
 from quotas.limits import Limits
 from quotas.refusals import Refusal, refusal_record
 from tenants.services import KeyPrincipal
@@ -72,7 +74,7 @@ def admission_gate(
     max_tokens: int,
     implicit_max_tokens: bool,
     choices: int = 1,
-    ready_workers: list[str] | None = None,
+    ready_workers: Mapping[str, int] | None = None,
 ) -> Admitted:
     """Reserve the request's quota and a fair share of the pool, or raise the error to answer.
 
@@ -82,18 +84,22 @@ def admission_gate(
     On success the caller owns the reservation: it is settled through the ledger once the request is
     enqueued; if enqueueing fails, the caller must `quota_release` it.
     """
+    capacity = pool_capacity(model.pool, ready_workers)
     try:
-        admitted = quota_admit(
+        # With fair share on, the reservation and the first try for a pool slot are one script.
+        admitted, slot_taken = quota_admit_with_slot(
             request_id=request_id, tenant_id=principal.tenant_id, key_id=principal.key_id, limits=limits,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
-            choices=choices,
+            choices=choices, pool=model.pool, weight=limits.fair_share_weight, capacity=capacity,
         )  # fmt: skip
     except QuotaExceeded as exc:
         raise _rate_limited(principal, exc) from None
+    if slot_taken:
+        return admitted
     try:
         fair_share_acquire(
             pool=model.pool, request_id=request_id, tenant_id=principal.tenant_id,
-            weight=limits.fair_share_weight, capacity=pool_capacity(model.pool, ready_workers),
+            weight=limits.fair_share_weight, capacity=capacity, queued=True,
         )  # fmt: skip
     except BaseException:
         quota_release(request_id=request_id)

@@ -50,12 +50,9 @@ async def usage_record_async(request_id: str) -> None:
     """A request ended (its usage entry is pending) and ledger batching is on: settle its quota now,
     on the event loop's own Redis client (no thread, and no thread hop before its response ends), and
     have its row written with the process's next batch (LEDGER_BATCH_SECONDS)."""
-    redis = get_async_redis()
-    raw = await redis.hget(LEDGER_PENDING, request_id)
-    if raw is not None:
-        usage = Usage.loads(raw)
-        settle = redis.register_script(_lua_source("settle"))
-        await settle(keys=_settle_keys(usage), args=_settle_args(usage))
+    # One round trip: the script reads the usage entry itself (nothing to settle without one).
+    settle = get_async_redis().register_script(_lua_source("settle_pending"))
+    await settle(keys=[LEDGER_PENDING, resv_key(request_id), RESERVATIONS], args=[request_id])
     ledger_write_soon(request_id)
 
 

@@ -130,7 +130,7 @@ def test_a_request_admission_refuses_is_listed_for_its_tenant_only(
     def admit():
         return admission_gate(
             principal=principal, limits=limits, model=model, request_id=f"chatcmpl-{uuid.uuid4().hex}",
-            prompt_tokens=5, max_tokens=5, implicit_max_tokens=False, ready_workers=[],
+            prompt_tokens=5, max_tokens=5, implicit_max_tokens=False, ready_workers={},
         )  # fmt: skip
 
     admit()  # the minute's one request

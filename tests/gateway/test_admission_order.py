@@ -58,7 +58,7 @@ def tokenizer_calls(monkeypatch):
 @pytest.fixture
 def a_ready_worker(monkeypatch):
     """The pool has a ready worker, so a request that gets past the checks reaches the reservation."""
-    monkeypatch.setattr(dispatch, "await_worker", lambda model: ["test-worker"])
+    monkeypatch.setattr(dispatch, "await_worker", lambda model: {"test-worker": 0})
 
 
 @pytest.fixture

@@ -1,12 +1,15 @@
 """The admission gate (quotas/gate.py): what it refuses for a limit is a 429 recorded for the
 tenant's console (quotas/refusals.py), the request of n choices without max_tokens included."""
 
+import threading
+import time
 import uuid
 
 import pytest
 
 from catalog.models import ServedModel
 from core.errors import InvalidRequest, RateLimited
+from quotas.admission import quota_settle
 from quotas.gate import admission_check, admission_gate
 from quotas.limits import limits_for
 from quotas.refusals import refusals_recent
@@ -34,7 +37,7 @@ def _gate(alice, *, prompt: int, max_tokens: int, implicit: bool, choices: int):
     model = ServedModel(model_id="m", path="unused", pool="gate-test", context_length=4096)
     return admission_gate(
         principal=principal, limits=limits, model=model, request_id=f"chatcmpl-{uuid.uuid4().hex}",
-        prompt_tokens=prompt, max_tokens=max_tokens, implicit_max_tokens=implicit, choices=choices, ready_workers=[],
+        prompt_tokens=prompt, max_tokens=max_tokens, implicit_max_tokens=implicit, choices=choices, ready_workers={},
     )  # fmt: skip
 
 
@@ -68,3 +71,58 @@ def test_an_implicit_max_tokens_over_a_limits_whole_size_per_choice_is_a_400(ali
                         implicit_max_tokens=True, prompt_param="messages", choices=30, counters=False)  # fmt: skip
     assert (too_large.value.code, too_large.value.param) == ("exceeds_limit", "max_tokens")
     assert refusals_recent(tenant_id=principal.tenant_id) == []
+
+
+# -- the reservation and the pool's fair share in one script ------------------------------------
+
+POOL = "gate-test"
+
+
+def _slot_gate(alice, request_id: str, *, slots: int, prompt: int = PROMPT, max_tokens: int = 2):
+    principal, limits = alice
+    model = ServedModel(model_id="m", path="unused", pool=POOL, context_length=4096)
+    return admission_gate(
+        principal=principal, limits=limits, model=model, request_id=request_id, prompt_tokens=prompt,
+        max_tokens=max_tokens, implicit_max_tokens=False, ready_workers={"worker-1": slots},
+    )  # fmt: skip
+
+
+def _script_calls(redis_client) -> int:
+    stats = redis_client.info("commandstats")
+    return sum(stats.get(name, {}).get("calls", 0) for name in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def test_with_a_free_slot_the_reservation_and_the_slot_are_one_script_call(alice, redis_client):
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    before = _script_calls(redis_client)
+    _slot_gate(alice, rid, slots=2)
+    assert _script_calls(redis_client) - before == 1
+    assert redis_client.zscore(f"fq:{POOL}:run", f"{alice[0].tenant_id}:{rid}") is not None
+    assert redis_client.hget(f"resv:{rid}", "fq") == f"fq:{POOL}"  # settling gives the slot back
+
+
+def test_with_the_pool_full_a_request_waits_for_the_slot_a_settled_one_frees(alice, redis_client, settings):
+    settings.FAIR_SHARE_POLL_SECONDS = 0.01
+    first, second = f"chatcmpl-{uuid.uuid4().hex}", f"chatcmpl-{uuid.uuid4().hex}"
+    _slot_gate(alice, first, slots=1)
+    admitted = []
+    waiter = threading.Thread(target=lambda: admitted.append(_slot_gate(alice, second, slots=1)))
+    waiter.start()
+    tenant = str(alice[0].tenant_id)
+    deadline = time.monotonic() + 60
+    while redis_client.hget(f"fq:{POOL}:waitn", tenant) != "1":  # counted as waiting by its first try
+        assert time.monotonic() < deadline and waiter.is_alive(), "the second request never waited"
+        time.sleep(0.01)
+    assert not admitted
+
+    quota_settle(request_id=first, prompt_tokens=PROMPT, completion_tokens=1)
+    waiter.join(60)
+    assert admitted and redis_client.zscore(f"fq:{POOL}:run", f"{tenant}:{second}") is not None
+    assert redis_client.hget(f"fq:{POOL}:waitn", tenant) == "0"
+
+
+def test_a_request_over_its_quota_tries_no_slot(alice, redis_client):
+    with pytest.raises(RateLimited):
+        _slot_gate(alice, f"chatcmpl-{uuid.uuid4().hex}", slots=1, prompt=20, max_tokens=10)  # 30 > 24
+    assert redis_client.zcard(f"fq:{POOL}:run") == 0
+    assert redis_client.hget(f"fq:{POOL}:waitn", str(alice[0].tenant_id)) is None
