@@ -33,6 +33,11 @@ case "$cmd" in
     export PYTHONPATH="/tmp/site:$PWD/platform:$PWD"
     python3 -c 'import vllm, torch, django, celery; print("vllm", vllm.__version__, "torch", torch.__version__, "django", django.__version__)'
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
+    # The GPU's clocks, power and load every second: a level that slowed down for every stream at
+    # once can then be told apart from a slowdown of the platform's own.
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+      --format=csv -l 1 > "${OUT:-/tmp}/gpu-clocks.csv" 2>/dev/null &
+    trap 'kill %1 2>/dev/null || true' EXIT
     stages=()
     [ $# -gt 0 ] || set -- platform
     for s in "$@"; do stages+=(--stage "$s"); done

@@ -31,6 +31,7 @@ def test_summarize_counts_tokens_over_wall_time_and_per_request_latencies():
     assert level.ttft_ms_p50 == pytest.approx(200.0)
     assert level.tpot_ms_p50 == pytest.approx(10.0)  # (2.0 s / 200) and (3.7 s / 370)
     assert level.errors == 0
+    assert (level.duration_s_p50, level.duration_s_max) == (pytest.approx(3.05), pytest.approx(4.0))
 
 
 def test_summarize_of_requests_that_produced_nothing_has_no_latencies():
