@@ -78,6 +78,10 @@ def post_worker_init(worker):
         except ImportError as exc:
             worker.log.warning("GUNICORN_WARM_IMPORTS: cannot import %s: %s", name, exc)
     _preload_tokenizers(worker)
+    from config.heap import freeze_startup_heap
+
+    # Last, once everything this process keeps is loaded (config/heap.py says why).
+    worker.log.info("froze %d start-up objects out of the garbage collector's passes", freeze_startup_heap())
 
 
 def _preload_tokenizers(worker) -> None:

@@ -18,6 +18,7 @@ from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_do
 from django.conf import settings
 
 from config.env import env_float
+from config.heap import freeze_startup_heap
 from config.redis_client import REDIS_UNAVAILABLE
 from workers import protocol
 from workers.adapters import held_field
@@ -314,6 +315,13 @@ def _prestart_task_threads(sender, **kwargs) -> None:
     if isinstance(executor, ThreadPoolExecutor):
         prestart_threads(executor, pool.limit)
         log.info("worker %s: started its %d task threads", sender.hostname, pool.limit)
+
+
+@worker_ready.connect
+def _freeze_startup_heap(sender, **kwargs) -> None:
+    """Once the engine and the task threads are up: keep what they allocated out of the garbage
+    collector's full passes, which would stop the engine's loop (config/heap.py)."""
+    log.info("worker %s: froze %d start-up objects", sender.hostname, freeze_startup_heap())
 
 
 @worker_shutting_down.connect
