@@ -18,7 +18,7 @@ from django.conf import settings
 from catalog.readiness import ready_workers as _ready
 from config.redis_client import get_redis
 from core.errors import ServiceUnavailable
-from quotas.admission import HOLD_SECONDS, Admitted, _script, admit_call, admitted_from, resv_key
+from quotas.admission import HOLD_SECONDS, Admitted, _script, admit_call, admitted_from, quota_admit, resv_key
 from quotas.limits import Limits
 
 # A waiting tenant counts as waiting while one of its requests polled within this many seconds.
@@ -82,12 +82,16 @@ def quota_admit_with_slot(
     Returns the reservation and whether the slot was taken (always, with no capacity to share);
     if not, the request counts as waiting and goes on with `fair_share_acquire(queued=True)`.
     Raises QuotaExceeded (nothing reserved, no slot tried)."""
+    if capacity <= 0:
+        admitted = quota_admit(
+            request_id=request_id, tenant_id=tenant_id, key_id=key_id, limits=limits, prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens, choices=choices, redis=redis,
+        )  # fmt: skip
+        return admitted, True
     keys, args = admit_call(
         request_id=request_id, tenant_id=tenant_id, key_id=key_id, limits=limits, prompt_tokens=prompt_tokens,
         max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens, choices=choices,
     )  # fmt: skip
-    if capacity <= 0:
-        return admitted_from(_script("admit")(keys=keys, args=args, client=redis)), True
     slot_args = _slot_args(tenant_id, request_id, weight, capacity, waiting=False)
     reply = _script("admit_and_take_slot")(
         keys=[*keys, pool_prefix(pool)], args=[len(keys), len(args), *args, *slot_args], client=redis
