@@ -5,6 +5,13 @@ A level is ``streams`` concurrent clients, each sending requests one after the o
 level's seconds (``plan.level_seconds``): a client sends another request only while the last one's
 duration still fits in the level's time, so the level ends close to it, tail included.
 Throughput is all generated tokens over the wall time from the first submission to the last token.
+
+Clients stop at different times, so a level ends with fewer streams than it names: at 128 streams
+and ~3.6 s a request, a 30 s level is 7 or 8 waves of requests, and a side whose requests take 5%
+longer can lose most of its last wave (the bare engine fitting 8 full waves, the platform 7 and a
+fifth of the 8th, 0.89 of bare where the requests' durations were 0.95 of it). The throughput at
+full concurrency is free of that step: the tokens generated until the first client stops, over that
+time (each request's tokens after its first counted at a constant rate up to its end).
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchmarks.gpu.plan import PROMPT_TOKENS
@@ -35,6 +42,7 @@ class RequestRecord:
     tokens: int
     request_id: str | None = None  # the platform's X-Request-Id: its ledger row holds the worker's times
     headers: float | None = None  # when the platform's response headers came (it sends them once admitted)
+    client: int | None = None  # which of the level's clients sent it (drive sets it)
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,9 @@ class LevelResult:
     # Most requests generating at one moment (between first token and end): the batch the engine
     # really ran, which max_num_seqs or a full KV cache (preemption) can hold below ``streams``.
     max_generating: int | None = None
+    # Tokens/s until the first client stopped sending, and that time (module docstring).
+    full_tokens_per_s: float | None = None
+    full_s: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -88,7 +99,7 @@ async def drive(streams: int, seconds: float, one_request: Callable[[int, int], 
         while True:
             t0 = time.perf_counter()
             try:
-                records.append(await one_request(i, n))
+                records.append(replace(await one_request(i, n), client=i))
             except Exception as exc:  # counted and reported; the level's numbers say how many failed
                 errors.append(f"{type(exc).__name__}: {exc}")
                 return
@@ -134,6 +145,7 @@ def summarize(streams: int, records: list[RequestRecord], started: float, errors
         if r.first_token is not None and r.tokens > 1
     ]
     durations = [r.finished - r.submitted for r in records]
+    full = full_concurrency(records, started)
     return LevelResult(
         streams=streams,
         requests=len(records),
@@ -148,7 +160,33 @@ def summarize(streams: int, records: list[RequestRecord], started: float, errors
         tpot_ms_p90=_round(_percentile(tpot, 90), 3),
         duration_s_p50=_round(_percentile(durations, 50), 3),
         duration_s_max=_round(max(durations), 3) if durations else None,
+        full_tokens_per_s=_round(full[0] / full[1]) if full else None,
+        full_s=_round(full[1], 3) if full else None,
     )
+
+
+def full_concurrency(records: list[RequestRecord], started: float) -> tuple[float, float] | None:
+    """(tokens generated, seconds) from ``started`` until the first client's last request ended,
+    while every client was still sending; None without the records' clients."""
+    last_end: dict[int, float] = {}
+    for r in records:
+        if r.client is None:
+            return None
+        last_end[r.client] = max(last_end.get(r.client, r.finished), r.finished)
+    if not last_end:
+        return None
+    until = min(last_end.values())
+    if until <= started:
+        return None
+    tokens = 0.0
+    for r in records:
+        if r.first_token is None or r.tokens < 1 or r.first_token > until:
+            continue
+        later = r.tokens - 1
+        span = r.finished - r.first_token
+        share = 1.0 if span <= 0 else min(1.0, (until - r.first_token) / span)
+        tokens += 1 + later * share
+    return tokens, until - started
 
 
 def ttft_breakdown(records: list[RequestRecord], worker_times: dict[str, tuple[int, int | None]]) -> dict:

@@ -26,13 +26,14 @@ def by_name(results: Iterable[dict]) -> dict[str, dict]:
     return {result["name"]: result for result in results}
 
 
-def rate(result: dict | None, streams: int) -> float | None:
-    """Tokens/s of ``result`` at ``streams``, or None when not measured (or failed)."""
+def rate(result: dict | None, streams: int, key: str = "tokens_per_s") -> float | None:
+    """Tokens/s of ``result`` at ``streams`` (``key``: over the whole level, or ``full_tokens_per_s``
+    while every client was sending), or None when not measured (or failed)."""
     if not result or "error" in result:
         return None
     for level in result.get("levels", []):
-        if level["streams"] == streams and not level.get("errors"):
-            return float(level["tokens_per_s"])
+        if level["streams"] == streams and not level.get("errors") and level.get(key) is not None:
+            return float(level[key])
     return None
 
 
@@ -48,8 +49,10 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[int], reference: str = "stock") -> str:
-    """Markdown: tokens/s per level for each engine, with the ratio to ``reference`` in parentheses."""
+def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[int], reference: str = "stock",
+                 key: str = "tokens_per_s") -> str:  # fmt: skip
+    """Markdown: tokens/s (``key``, see ``rate``) per level for each engine, with the ratio to
+    ``reference`` in parentheses."""
     levels = list(levels)
     head = "| engine | start (s) | " + " | ".join(f"{n} stream{'s' if n > 1 else ''}" for n in levels) + " |"
     lines = [head, "|---|---:|" + "---:|" * len(levels)]
@@ -62,7 +65,7 @@ def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[in
             continue
         cells = []
         for n in levels:
-            value, ref = rate(result, n), rate(results.get(reference), n)
+            value, ref = rate(result, n, key), rate(results.get(reference), n, key)
             rel = ratio(value, ref)
             cells.append(_fmt(value) + (f" ({rel:.2f}x)" if rel is not None and name != reference else ""))
         lines.append(f"| {name} | {_fmt(result.get('start_s'))} | " + " | ".join(cells) + " |")
@@ -182,6 +185,9 @@ def render(results_list: list[dict]) -> str:
         "",
         "Platform path against the bare engine (same profile, same GPU):",
         engine_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS, reference="bare-h200"),
+        "",
+        "The same at full concurrency (tokens until the first client stopped sending, benchmarks/gpu/measure.py):",
+        engine_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS, "bare-h200", "full_tokens_per_s"),
         "",
         goals_table(results),
     ]

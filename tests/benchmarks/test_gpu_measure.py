@@ -160,3 +160,35 @@ def test_the_ttft_breakdown_splits_the_rest_at_the_response_headers():
     breakdown = measure.ttft_breakdown([record], {"a": (40, 150)})
     assert breakdown["gateway_ms_p50"] == 20.0
     assert round(breakdown["relay_ms_p50"], 6) == 40.0  # 250 - 40 - 150 - 20
+
+
+def test_full_concurrency_counts_the_tokens_until_the_first_client_stops():
+    record = measure.RequestRecord
+    # Client 0: two requests of 11 tokens over [0, 4] and [4, 8]. Client 1: one over [0, 10], so
+    # client 0 stops first, at 8: every token of client 0 counts, and client 1's first token plus
+    # 10 * (8 - 1) / (10 - 1) of its later ones.
+    records = [
+        record(0.0, 1.0, 4.0, 11, client=0),
+        record(4.0, 5.0, 8.0, 11, client=0),
+        record(0.0, 1.0, 10.0, 11, client=1),
+    ]
+    tokens, seconds = measure.full_concurrency(records, 0.0)
+    assert seconds == 8.0 and abs(tokens - (22 + 1 + 10 * 7 / 9)) < 1e-9
+    level = measure.summarize(2, records, 0.0)
+    assert level.full_s == 8.0 and level.full_tokens_per_s == round((22 + 1 + 70 / 9) / 8, 1)
+    # Over the whole level (to the last token at 10 s) the tail with one stream weighs in.
+    assert level.tokens_per_s == 3.3
+
+
+def test_full_concurrency_needs_the_records_clients():
+    assert measure.full_concurrency([measure.RequestRecord(0.0, 1.0, 2.0, 5)], 0.0) is None
+
+
+def test_drive_marks_each_record_with_its_client():
+    import asyncio
+
+    async def one(i, n):
+        return measure.RequestRecord(0.0, 0.1, 0.2, 1)
+
+    records, _, _ = asyncio.run(measure.drive(3, 0, one))
+    assert sorted(r.client for r in records) == [0, 1, 2]

@@ -47,3 +47,19 @@ def test_render_holds_every_table():
     text = report.render(list(RESULTS.values()))
     assert "Engine configurations" in text and "Platform path" in text and "| goal |" in text
     assert "platform-h200 | 100 | 5,900 (0.98x) | — |" in text
+
+
+def test_the_full_concurrency_table_compares_the_tokens_until_the_first_client_stopped():
+    def level(whole, full):
+        return {"streams": 128, "tokens_per_s": whole, "full_tokens_per_s": full}
+
+    results = {
+        "bare-h200": {"name": "bare-h200", "levels": [level(18_500.0, 18_600.0)]},
+        "platform-h200": {"name": "platform-h200", "levels": [level(16_500.0, 17_670.0)]},
+    }
+    table = report.engine_table(results, ["bare-h200", "platform-h200"], [128], "bare-h200", "full_tokens_per_s")
+    assert "17,670 (0.95x)" in table
+    assert "16,500 (0.89x)" in report.engine_table(results, ["bare-h200", "platform-h200"], [128], "bare-h200")
+    # A level measured before the field existed has no full-concurrency figure.
+    del results["bare-h200"]["levels"][0]["full_tokens_per_s"]
+    assert report.rate(results["bare-h200"], 128, "full_tokens_per_s") is None
