@@ -42,10 +42,12 @@ graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT", 30)
 # Each worker process listens on a socket of its own, bound with SO_REUSEPORT, and the kernel hashes
 # each new connection to one of them. With the master's one shared socket, the event loop awake when
 # a burst arrives accepts all it can before the others wake: 128 clients connecting at once to 8
-# processes were taken 66 / 48 / 11 / 2 / 1 / 0 / 0 / 0, and as clients keep their connections
-# alive, every later wave of requests landed the same way, queueing half the admissions and half the
-# streams' relay on one process while others idled. The cost: a restarted process's share of new
-# connections waits in its socket's backlog while it boots. GUNICORN_REUSE_PORT=0: the shared socket.
+# processes were taken 66 / 48 / 11 / 2 / 1 / 0 / 0 / 0 in one try and 113 / 7 / 3 / 2 / 1 / 1 / 1 / 0
+# in another (10-22 each with a socket per process), and as clients keep their connections alive,
+# every later wave of requests landed the same way, queueing most admissions and most of the
+# streams' relay on one process while others idled (docs/gpu.md: 121 ms of waiting at 128 streams).
+# The cost: a restarted process's share of new connections waits in its socket's backlog while it
+# boots. GUNICORN_REUSE_PORT=0: the shared socket.
 reuse_port = _flag("GUNICORN_REUSE_PORT", True)
 keepalive = _int("GUNICORN_KEEPALIVE", 5)
 backlog = _int("GUNICORN_BACKLOG", 2048)
