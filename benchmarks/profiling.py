@@ -2,6 +2,9 @@
 
 ``CpuMeter`` reads the CPU seconds (user + system) of a set of process trees before and after a
 level: on a 2-core machine every CPU second the gateway or worker spends is taken from the engine.
+With ``waits=True`` it also reads how long their threads were ready to run but waited for a CPU
+(the scheduler's run delay, ``/proc/PID/task/TID/schedstat``): a process that is slower beside
+others while its own CPU time is unchanged shows it there.
 ``PySpy`` records sampled stacks of running processes (``py-spy record --format raw``, collapsed
 stacks) and ``hot_functions`` turns them into "file:function, % of samples" tables.
 """
@@ -22,17 +25,20 @@ import psutil
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 
-def cpu_seconds(pid: int, part: str = "tree") -> float:
-    """User + system CPU seconds of ``pid`` ("self"), of its live descendants ("children"), or both ("tree")."""
+def _processes(pid: int, part: str) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
-        procs = ([root] if part in ("self", "tree") else []) + (
+        return ([root] if part in ("self", "tree") else []) + (
             root.children(recursive=True) if part in ("children", "tree") else []
         )
     except psutil.NoSuchProcess:
-        return 0.0
+        return []
+
+
+def cpu_seconds(pid: int, part: str = "tree") -> float:
+    """User + system CPU seconds of ``pid`` ("self"), of its live descendants ("children"), or both ("tree")."""
     total = 0.0
-    for proc in procs:
+    for proc in _processes(pid, part):
         try:
             times = proc.cpu_times()
             total += times.user + times.system
@@ -41,25 +47,43 @@ def cpu_seconds(pid: int, part: str = "tree") -> float:
     return total
 
 
+def wait_seconds(pid: int, part: str = "tree") -> float:
+    """Seconds the threads of the processes (as in ``cpu_seconds``) were runnable but waited for a
+    CPU, from the kernel's schedstat (0 where the kernel keeps none). Threads that ended are missed."""
+    total = 0
+    for proc in _processes(pid, part):
+        for path in Path(f"/proc/{proc.pid}/task").glob("*/schedstat"):
+            try:
+                total += int(path.read_text().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return total / 1e9
+
+
 class CpuMeter:
     """CPU seconds spent by named processes between ``start()`` and ``stop()``.
 
-    ``groups`` maps a name to ``(pid, part)`` with part as in ``cpu_seconds``.
+    ``groups`` maps a name to ``(pid, part)`` with part as in ``cpu_seconds``. With ``waits``, each
+    group also gets "NAME wait": its threads' seconds waiting for a CPU (``wait_seconds``).
     """
 
-    def __init__(self, groups: Mapping[str, tuple[int, str]]) -> None:
+    def __init__(self, groups: Mapping[str, tuple[int, str]], *, waits: bool = False) -> None:
         self.groups = dict(groups)
+        self.waits = waits
         self._before: dict[str, float] = {}
 
     def _read(self) -> dict[str, float]:
-        return {name: cpu_seconds(pid, part) for name, (pid, part) in self.groups.items()}
+        reading = {name: cpu_seconds(pid, part) for name, (pid, part) in self.groups.items()}
+        if self.waits:
+            reading.update({f"{name} wait": wait_seconds(pid, part) for name, (pid, part) in self.groups.items()})
+        return reading
 
     def start(self) -> None:
         self._before = self._read()
 
     def stop(self) -> dict[str, float]:
         after = self._read()
-        return {name: round(after[name] - self._before.get(name, 0.0), 2) for name in self.groups}
+        return {name: round(value - self._before.get(name, 0.0), 2) for name, value in after.items()}
 
 
 def frame_key(frame: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 import traceback
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.gpu import measure
 from benchmarks.gpu.plan import OUTPUT_TOKENS, WARMUP_REQUESTS, WARMUP_TOKENS, level_seconds
+from benchmarks.profiling import CpuMeter
 
 
 def _resolved(engine) -> dict:
@@ -146,9 +148,14 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                 level_seed = seed if count is None else seed + 1000 * (index + 1)
                 before = preemptions()
                 seconds = level_seconds(streams) * scale
+                # The same parts as the platform's meter (platform_bench.Stack.cpu_meter): this
+                # process is the engine's client, its child the engine core.
+                cpu = CpuMeter({"client": (os.getpid(), "self"), "engine core": (os.getpid(), "children")}, waits=True)
+                cpu.start()
                 level = (await run_level(engine, f"{name}-{index}", streams, seconds, level_seed, high, sampling,
                                          loras=hot)).to_dict()  # fmt: skip
                 after = preemptions()
+                level["cpu_s"] = cpu.stop()
                 level["target_s"] = round(seconds, 1)
                 level["preemptions"] = None if before is None or after is None else after - before
                 if count is not None:

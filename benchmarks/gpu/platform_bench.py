@@ -112,12 +112,16 @@ class Stack:
         """CPU seconds per part of the platform during a level: where the path's cost goes (on a
         machine with cores to spare, CPU time rather than throughput shows what a layer costs)."""
         pids = {child.name: child.pid for child in self.children}
-        return CpuMeter({
+        groups = {
             "web": (pids["web"], "tree"),
             "worker": (pids["worker"], "self"),  # Celery, the engine's client side and the relay
             "engine core": (pids["worker"], "children"),
             "client": (os.getpid(), "self"),
-        })  # fmt: skip
+        }
+        redis_pid = self.state_dir / "redis" / "redis.pid"  # the embedded Redis (deploy/local/services.py)
+        if redis_pid.exists():
+            groups["redis"] = (int(redis_pid.read_text().strip()), "self")
+        return CpuMeter(groups, waits=True)
 
     def stop(self) -> None:
         stop_all(self.children, timeout=20)

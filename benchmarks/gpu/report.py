@@ -12,12 +12,11 @@ import json
 import sys
 from collections.abc import Iterable
 
-# Goals on the H200, as ratios measured in the same run (issue 7).
+# Goals on the H200, as ratios measured in the same run.
 GOALS = (
     ("h200 vs stock, 1 stream", "h200", "stock", 1, 1.75),
     ("h200 vs stock, 128 streams", "h200", "stock", 128, 2.0),
-    ("platform vs bare engine, 32 streams", "platform-h200", "bare-h200", 32, 0.97),
-    ("platform vs bare engine, 128 streams", "platform-h200", "bare-h200", 128, 0.97),
+    *((f"platform vs bare engine, {n} streams", "platform-h200", "bare-h200", n, 0.95) for n in (32, 128, 256, 512)),
 )
 
 
@@ -69,6 +68,21 @@ def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[in
             rel = ratio(value, ref)
             cells.append(_fmt(value) + (f" ({rel:.2f}x)" if rel is not None and name != reference else ""))
         lines.append(f"| {name} | {_fmt(result.get('start_s'))} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cpu_table(results: dict[str, dict], names: list[str]) -> str:
+    """Markdown: CPU seconds per part and level (``cpu_s``), with the seconds its threads waited
+    for a CPU in parentheses where measured."""
+    lines = ["| engine | streams | CPU s per part (waiting for a CPU) |", "|---|---:|---|"]
+    for name in names:
+        for level in (results.get(name) or {}).get("levels", []):
+            cpu = level.get("cpu_s")
+            if not cpu:
+                continue
+            parts = [p for p in cpu if not p.endswith(" wait")]
+            cells = [f"{p} {cpu[p]:.2f}" + (f" ({cpu[p + ' wait']:.2f})" if p + " wait" in cpu else "") for p in parts]
+            lines.append(f"| {name} | {level['streams']} | {', '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -188,6 +202,10 @@ def render(results_list: list[dict]) -> str:
         "",
         "The same at full concurrency (tokens until the first client stopped sending, benchmarks/gpu/measure.py):",
         engine_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS, "bare-h200", "full_tokens_per_s"),
+        "",
+        "CPU per level (platform: web processes, worker process, its engine core, bench client; bare: the "
+        "bench process as the engine's client, its engine core):",
+        cpu_table(results, ["bare-h200", "platform-h200"]),
         "",
         goals_table(results),
     ]

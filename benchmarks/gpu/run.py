@@ -199,6 +199,11 @@ def environment() -> dict:
     with contextlib.suppress(Exception):
         query = ["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit", "--format=csv,noheader"]
         info["driver"] = subprocess.run(query, capture_output=True, text=True).stdout.strip()
+    with contextlib.suppress(Exception):
+        # Whether two of the CPUs share a core: a busy process beside the engine core on its sibling
+        # slows it (the per-level "wait" figures show time spent waiting for any CPU, not this).
+        siblings = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read_text().strip()
+        info["cpus"] = f"{os.cpu_count()} CPUs, cpu0 shares its core with: {siblings}"
     return info
 
 

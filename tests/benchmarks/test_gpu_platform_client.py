@@ -23,15 +23,17 @@ def test_after_the_first_text_only_the_usage_and_errors_are_decoded():
     assert _worth_decoding(b'data: {"error":{"message":"worker lost"}}', seen_text=True)
 
 
-def test_each_level_reads_the_cpu_time_of_every_part_of_the_platform():
+def test_each_level_reads_the_cpu_time_of_every_part_of_the_platform(tmp_path):
     import os
     import time
     import types
 
     from benchmarks.gpu.platform_bench import Stack
 
-    stack = Stack(types.SimpleNamespace(state_dir=None, log_dir=None, model_dir=None, port=0, profile="cpu",
+    stack = Stack(types.SimpleNamespace(state_dir=tmp_path, log_dir=None, model_dir=None, port=0, profile="cpu",
                                         worker_engine_args={}))  # fmt: skip
+    (tmp_path / "redis").mkdir()
+    (tmp_path / "redis" / "redis.pid").write_text(f"{os.getpid()}\n")
     stack.children = [types.SimpleNamespace(name=name, pid=os.getpid()) for name in ("worker", "beat", "web")]
     meter = stack.cpu_meter()
     meter.start()
@@ -39,5 +41,7 @@ def test_each_level_reads_the_cpu_time_of_every_part_of_the_platform():
     while time.process_time() - spent < 0.05:  # CPU time of this process, however busy the machine
         pass
     seconds = meter.stop()
-    assert set(seconds) == {"web", "worker", "engine core", "client"}
-    assert seconds["client"] > 0
+    parts = {"web", "worker", "engine core", "client", "redis"}
+    assert set(seconds) == parts | {f"{part} wait" for part in parts}
+    assert seconds["client"] > 0 and seconds["redis"] > 0
+    assert all(seconds[f"{part} wait"] >= 0 for part in parts)

@@ -32,6 +32,7 @@ def test_goals_compare_within_the_same_run_and_say_when_a_side_is_missing():
     assert rows["h200 vs stock, 128 streams"] == (2.067, True)
     assert rows["platform vs bare engine, 32 streams"] == (0.983, True)
     assert rows["platform vs bare engine, 128 streams"] == (None, None)
+    assert rows["platform vs bare engine, 512 streams"] == (None, None)
 
 
 def test_the_engine_table_shows_ratios_to_the_reference_and_failures():
@@ -63,3 +64,14 @@ def test_the_full_concurrency_table_compares_the_tokens_until_the_first_client_s
     # A level measured before the field existed has no full-concurrency figure.
     del results["bare-h200"]["levels"][0]["full_tokens_per_s"]
     assert report.rate(results["bare-h200"], 128, "full_tokens_per_s") is None
+
+
+def test_the_cpu_table_shows_each_part_with_its_wait_for_a_cpu():
+    results = {
+        "bare-h200": {"name": "bare-h200", "levels": [
+            {"streams": 128, "cpu_s": {"client": 5.0, "engine core": 24.0, "client wait": 0.1, "engine core wait": 0.25}}]},
+        "platform-h200": {"name": "platform-h200", "levels": [{"streams": 128, "cpu_s": {"web": 6.07}}]},
+    }
+    lines = report.cpu_table(results, ["bare-h200", "platform-h200"]).splitlines()
+    assert "| bare-h200 | 128 | client 5.00 (0.10), engine core 24.00 (0.25) |" in lines
+    assert "| platform-h200 | 128 | web 6.07 |" in lines
