@@ -11,6 +11,7 @@ stacks) and ``hot_functions`` turns them into "file:function, % of samples" tabl
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -60,11 +61,22 @@ def wait_seconds(pid: int, part: str = "tree") -> float:
     return total / 1e9
 
 
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave to others while this machine's CPUs wanted to run, summed over
+    all CPUs (/proc/stat's steal column; 0 outside a VM): the part of a slowdown no process here sees."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class CpuMeter:
     """CPU seconds spent by named processes between ``start()`` and ``stop()``.
 
     ``groups`` maps a name to ``(pid, part)`` with part as in ``cpu_seconds``. With ``waits``, each
-    group also gets "NAME wait": its threads' seconds waiting for a CPU (``wait_seconds``).
+    group also gets "NAME wait": its threads' seconds waiting for a CPU (``wait_seconds``), and the
+    reading gets "steal" (``steal_seconds``).
     """
 
     def __init__(self, groups: Mapping[str, tuple[int, str]], *, waits: bool = False) -> None:
@@ -76,6 +88,7 @@ class CpuMeter:
         reading = {name: cpu_seconds(pid, part) for name, (pid, part) in self.groups.items()}
         if self.waits:
             reading.update({f"{name} wait": wait_seconds(pid, part) for name, (pid, part) in self.groups.items()})
+            reading["steal"] = steal_seconds()
         return reading
 
     def start(self) -> None:

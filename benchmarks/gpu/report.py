@@ -80,8 +80,10 @@ def cpu_table(results: dict[str, dict], names: list[str]) -> str:
             cpu = level.get("cpu_s")
             if not cpu:
                 continue
-            parts = [p for p in cpu if not p.endswith(" wait")]
+            parts = [p for p in cpu if not p.endswith(" wait") and p != "steal"]
             cells = [f"{p} {cpu[p]:.2f}" + (f" ({cpu[p + ' wait']:.2f})" if p + " wait" in cpu else "") for p in parts]
+            if "steal" in cpu:
+                cells.append(f"stolen by the host {cpu['steal']:.2f}")
             lines.append(f"| {name} | {level['streams']} | {', '.join(cells)} |")
     return "\n".join(lines)
 

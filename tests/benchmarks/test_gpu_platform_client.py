@@ -42,6 +42,6 @@ def test_each_level_reads_the_cpu_time_of_every_part_of_the_platform(tmp_path):
         pass
     seconds = meter.stop()
     parts = {"web", "worker", "engine core", "client", "redis"}
-    assert set(seconds) == parts | {f"{part} wait" for part in parts}
+    assert set(seconds) == parts | {f"{part} wait" for part in parts} | {"steal"}
     assert seconds["client"] > 0 and seconds["redis"] > 0
     assert all(seconds[f"{part} wait"] >= 0 for part in parts)
