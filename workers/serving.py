@@ -9,7 +9,6 @@ worker never takes a task it cannot run.
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -98,16 +97,6 @@ def _flush_events_per_second() -> float:
     tokens per event when many do. Measured on 2 cores at 64 streams: 20 ms fixed 1,325 tok/s, 100 ms
     fixed 3,120."""
     return _env_number("WORKER_FLUSH_EVENTS_PER_SECOND", 250, 1_000_000)
-
-
-def _switch_interval_seconds() -> float:
-    """WORKER_SWITCH_INTERVAL_MS (default 1, 0 = Python's own 5): how long a thread may keep the
-    interpreter lock while another waits for it. The engine's event loop holds it for most of each
-    engine step (the engine client's output handling and the relay, for every request in flight);
-    every Celery task thread needs it a few times to claim its request and hand it to the loop, and
-    each time waited up to the whole interval behind the loop: with a wave of 256 requests arriving
-    together, the claim queue took hundreds of milliseconds on an H200 (docs/gpu.md)."""
-    return _env_number("WORKER_SWITCH_INTERVAL_MS", 1, 100) / 1000
 
 
 def _worker_redis(slots: int) -> redis.Redis:
@@ -297,8 +286,6 @@ def _start_engine(sender, instance, **kwargs) -> None:
     missing = [name for name in ("MODEL_PATH", "WORKER_POOL") if not os.environ.get(name)]
     if missing:
         raise RuntimeError(f"SERVED_MODEL is set, so {', '.join(missing)} must be set too")
-    if interval := _switch_interval_seconds():
-        sys.setswitchinterval(interval)
     _runtime = WorkerRuntime(
         node=sender,
         model=model,
