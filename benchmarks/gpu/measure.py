@@ -259,6 +259,80 @@ def gpu_turn(lock_path: str | os.PathLike) -> Iterator[float]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+TURN_ORDER_FILE = "turns.json"
+
+
+def turn_order(sides: list[str], levels: int) -> list[str]:
+    """The turns of a comparison, ``side:level`` in the order they run: every level once per side,
+    the sides alternating level by level and taking the first place in turn (A B, B A, A B, ...),
+    so a machine that slows down or speeds up during the call weighs on both sides alike."""
+    order: list[str] = []
+    for level in range(levels):
+        ranked = sides if level % 2 == 0 else sides[::-1]
+        order += [f"{side}:{level}" for side in ranked]
+    return order
+
+
+class Turns:
+    """When a run may measure: the GPU lock for all its levels, or its place in a turn order.
+
+    Without a turn order naming the run (``turns.json`` in the barrier folder, written by run.py)
+    the run holds the exclusive GPU lock (``gpu_turn``) from ``__enter__`` to ``__exit__``, as every
+    stage but the platform comparison does. With one, each level is a turn (``level(i)``): it waits
+    until every earlier turn is done or its run has ended (``NAME.ended``, marked on ``__exit__``, so
+    a side that crashed holds nobody up), then measures. ``waited`` is the seconds spent waiting.
+    """
+
+    def __init__(self, barrier_dir: str | os.PathLike, name: str, lock_path: str | os.PathLike,
+                 timeout: float = 1800) -> None:  # fmt: skip
+        self.folder, self.name, self.lock_path, self.timeout = Path(barrier_dir), name, lock_path, timeout
+        try:
+            order = json.loads((self.folder / TURN_ORDER_FILE).read_text())
+        except (OSError, ValueError):
+            order = []
+        self.order: list[str] = order if any(turn.startswith(f"{name}:") for turn in order) else []
+        self.waited = 0.0
+        self._lock = None
+
+    def __enter__(self) -> Turns:
+        if not self.order:
+            self._lock = gpu_turn(self.lock_path)
+            self.waited += self._lock.__enter__()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        (self.folder / f"{self.name}.ended").touch()
+        if self._lock is not None:
+            self._lock.__exit__(*exc_info)
+
+    def wait(self, index: int) -> None:
+        """Block until level ``index`` may be measured (at once when there is no turn order)."""
+        turn = f"{self.name}:{index}"
+        if turn not in self.order:
+            return
+        started = time.monotonic()
+        for earlier in self.order[: self.order.index(turn)]:
+            owner = earlier.rsplit(":", 1)[0]
+            while not (self.folder / f"{earlier}.done").exists() and not (self.folder / f"{owner}.ended").exists():
+                if time.monotonic() - started > self.timeout:
+                    raise TimeoutError(f"turn {earlier} did not end in {self.timeout:.0f} s")
+                time.sleep(0.2)
+        self.waited += time.monotonic() - started
+
+    def done(self, index: int) -> None:
+        """Level ``index`` is measured: the next turn may start."""
+        if f"{self.name}:{index}" in self.order:
+            (self.folder / f"{self.name}:{index}.done").touch()
+
+    @contextmanager
+    def level(self, index: int) -> Iterator[None]:
+        self.wait(index)
+        try:
+            yield
+        finally:
+            self.done(index)
+
+
 def write_json(path: str | os.PathLike, data: dict) -> None:
     """Write atomically: a reader never sees half a file."""
     path = Path(path)

@@ -212,33 +212,38 @@ def bench(args) -> dict:
     try:
         if not measure.wait_for_start(args.barrier, "platform", ok=True, go="go-platform"):
             raise TimeoutError("no go to measure came in time")
-        with measure.gpu_turn(args.lock) as waited:
-            result["waited_for_gpu_s"] = round(waited, 1)
-            # As many concurrent requests as the largest level: every gunicorn process and Celery
-            # thread serves one before the clock runs (the gateway loads the tokenizer on a
-            # process's first request, seconds for a 262k vocabulary, holding up that process).
-            warm_streams = max(args.levels)
-            warm_level, _, _ = asyncio.run(run_level(stack.base, key, warm_streams, 0, args.seed + 1,
-                                                  args.prompt_id_high, plan.WARMUP_TOKENS, max_requests=1))  # fmt: skip
-            result["warmup"] = warm_level.to_dict()
+        with measure.Turns(args.barrier, "platform", args.lock) as turns:
             result["level_scale"] = scale = measure.read_scale(args.barrier)
             level_records = []
             cpu = stack.cpu_meter()
-            for streams in args.levels:
-                seconds = plan.level_seconds(streams) * scale
-                cpu.start()
-                level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, args.seed,
-                                                      args.prompt_id_high, plan.OUTPUT_TOKENS))  # fmt: skip
-                result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1), "error_samples": errors,
-                                         "cpu_s": cpu.stop()})  # fmt: skip
+            for index, streams in enumerate(args.levels):
+                with turns.level(index):
+                    if index == 0:
+                        result["warmup"] = _warm_up(stack, key, args)
+                    seconds = plan.level_seconds(streams) * scale
+                    cpu.start()
+                    level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, args.seed,
+                                                          args.prompt_id_high, plan.OUTPUT_TOKENS))  # fmt: skip
+                    result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1),
+                                             "error_samples": errors, "cpu_s": cpu.stop()})  # fmt: skip
                 level_records.append(records)
                 print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s over {level.wall_s:.1f} s "
                       f"(ttft p50 {level.ttft_ms_p50} ms, batch {level.max_generating}, errors {level.errors})",
                       flush=True)  # fmt: skip
+            result["waited_for_gpu_s"] = round(turns.waited, 1)
             _add_ttft_breakdown(result["levels"], level_records, stack.env["DATABASE_URL"])
     finally:
         stack.stop()
     return result
+
+
+def _warm_up(stack: Stack, key: str, args) -> dict:
+    """As many concurrent requests as the largest level: every gunicorn process and Celery thread
+    serves one before the clock runs (the gateway loads the tokenizer on a process's first request,
+    seconds for a 262k vocabulary, holding up that process)."""
+    warm_level, _, _ = asyncio.run(run_level(stack.base, key, max(args.levels), 0, args.seed + 1,
+                                             args.prompt_id_high, plan.WARMUP_TOKENS, max_requests=1))  # fmt: skip
+    return warm_level.to_dict()
 
 
 def _add_ttft_breakdown(levels: list[dict], level_records: list[list[measure.RequestRecord]], database_url: str):

@@ -114,11 +114,14 @@ def level_scale(planned: dict[str, float], up: set[str], time_left: float, margi
 
 
 def _release(procs: dict[str, subprocess.Popen], deadline: float, planned: dict[str, float] | None = None) -> None:
-    """Wait until every engine is up (or gone), then let them measure: the platform first, which
-    stops its stack (gunicorn, Celery, PostgreSQL, Redis) when done, so that none of it runs beside
-    an engine being measured; then the engines, one at a time (they queue on the GPU lock). Before
-    the go, writes the scale of the levels' seconds (``level_scale``): a slow start shortens the
-    levels rather than losing the engines measured last to the deadline."""
+    """Wait until every engine is up (or gone), then let them measure. With a turn order (the
+    platform stage, ``measure.Turns``) all at once: the platform and its bare engine take turns level
+    by level. Otherwise the platform first, which stops its stack (gunicorn, Celery, PostgreSQL,
+    Redis) when done, so that none of it runs beside an engine being measured; then the engines, one
+    at a time (they queue on the GPU lock). Before the go, writes the scale of the levels' seconds
+    (``level_scale``): a slow start shortens the levels rather than losing the engines measured
+    last to the deadline."""
+    in_turns = (BARRIER / measure.TURN_ORDER_FILE).exists()
     released = False
     while time.time() < deadline and any(p.poll() is None for p in procs.values()):
         up = {f.name.rsplit(".", 1)[0] for f in BARRIER.iterdir() if f.suffix in (".ready", ".failed")}
@@ -130,7 +133,7 @@ def _release(procs: dict[str, subprocess.Popen], deadline: float, planned: dict[
             (BARRIER / "go-platform").touch()
             released = True
             print(f"all up at {time.strftime('%H:%M:%S')} ({sorted(up)}); measuring one at a time", flush=True)
-        if released and not (BARRIER / "go").exists() and ("platform" not in procs or "platform" in gone):
+        if released and not (BARRIER / "go").exists() and (in_turns or "platform" not in procs or "platform" in gone):
             (BARRIER / "go").touch()
         time.sleep(1)
     for name in ("go-platform", "go"):
@@ -149,6 +152,11 @@ def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Pat
             procs[run.name] = spawn(run.name, _engine_argv(run), {**env, **run.env})
             planned[run.name] = run.planned_seconds()
         if stage == "platform":
+            # The two sides alternate level by level (measure.turn_order): a machine that slows down
+            # during the call weighs on both, where one block per side put it all on one.
+            sides = ["platform"] + [run.name for run in plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS))]
+            order = measure.turn_order(sides, len(plan.PLATFORM_LEVELS))
+            (BARRIER / measure.TURN_ORDER_FILE).write_text(json.dumps(order))
             procs["platform"] = spawn("platform", _platform_argv(tok_dir), env)
             planned["platform"] = plan.planned_seconds(plan.PLATFORM_LEVELS, warmup_s=15.0)
     print(f"started {', '.join(procs)} at {time.strftime('%H:%M:%S')}", flush=True)

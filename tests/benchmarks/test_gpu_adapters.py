@@ -222,6 +222,9 @@ def test_engine_bench_measures_adapter_levels_on_the_cpu_engine(tiny_model_dir, 
     barrier.mkdir()
     (barrier / "scale").write_text("0.05")  # every client sends one request: 0.4 s levels
     (barrier / "go").touch()
+    # Its levels take turns with another side's (measure.Turns), one that has already ended.
+    (barrier / "turns.json").write_text('["lora-on:0", "other:0", "lora-on:1"]')
+    (barrier / "other.ended").touch()
     engine_args = {"model": str(tiny_model_dir), "enable_lora": True, "max_loras": 2, "max_lora_rank": 16,
                    "enforce_eager": True, "dtype": "bfloat16", "max_model_len": 1024, "max_num_seqs": 8,
                    "skip_tokenizer_init": True}  # fmt: skip
@@ -242,3 +245,5 @@ def test_engine_bench_measures_adapter_levels_on_the_cpu_engine(tiny_model_dir, 
         assert level["errors"] == 0 and level["requests"] >= 2
         assert level["tokens"] == level["requests"] * plan.OUTPUT_TOKENS
     assert report.adapter_summary({"lora-on": result})[1]["vs_base"] > 0
+    assert all((barrier / name).exists() for name in ("lora-on:0.done", "lora-on:1.done", "lora-on.ended"))
+    assert base["cpu_s"]["engine core"] > 0 and "engine core wait" in base["cpu_s"]

@@ -192,3 +192,86 @@ def test_drive_marks_each_record_with_its_client():
 
     records, _, _ = asyncio.run(measure.drive(3, 0, one))
     assert sorted(r.client for r in records) == [0, 1, 2]
+
+
+def test_the_turn_order_alternates_the_sides_and_who_goes_first():
+    assert measure.turn_order(["platform", "bare"], 3) == [
+        "platform:0", "bare:0", "bare:1", "platform:1", "platform:2", "bare:2",
+    ]  # fmt: skip
+
+
+def _take_turns(folder, name: str, levels: int, log: list, fail_at: int | None = None) -> None:
+    with measure.Turns(folder, name, folder / "gpu.lock", timeout=30) as turns:
+        for index in range(levels):
+            with turns.level(index):
+                log.append(("start", f"{name}:{index}"))
+                if index == fail_at:
+                    raise RuntimeError("the side crashed")
+                time.sleep(0.05)  # long enough for the other side to overtake, were it not waiting
+                log.append(("end", f"{name}:{index}"))
+
+
+def _run_sides(folder, sides: dict[str, int | None], levels: int) -> list:
+    log: list = []
+
+    def side(name, fail_at):
+        try:
+            _take_turns(folder, name, levels, log, fail_at)
+        except RuntimeError:
+            pass
+
+    threads = [threading.Thread(target=side, args=(name, fail_at)) for name, fail_at in sides.items()]
+    for thread in reversed(threads):  # the side that goes second starts first: it must wait anyway
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    return log
+
+
+def test_the_sides_measure_one_level_at_a_time_in_the_turn_order(tmp_path):
+    order = measure.turn_order(["platform", "bare"], 4)
+    (tmp_path / measure.TURN_ORDER_FILE).write_text(__import__("json").dumps(order))
+    log = _run_sides(tmp_path, {"platform": None, "bare": None}, 4)
+    assert [turn for event, turn in log if event == "start"] == order
+    # Each turn ends before the next one starts: never two levels on the GPU at once.
+    assert log == [(event, turn) for turn in order for event in ("start", "end")]
+
+
+def test_a_side_that_crashes_holds_up_none_of_the_other_sides_turns(tmp_path):
+    order = measure.turn_order(["platform", "bare"], 3)
+    (tmp_path / measure.TURN_ORDER_FILE).write_text(__import__("json").dumps(order))
+    log = _run_sides(tmp_path, {"platform": 0, "bare": None}, 3)
+    assert [turn for event, turn in log if event == "end"] == ["bare:0", "bare:1", "bare:2"]
+
+
+def test_without_a_turn_order_a_run_holds_the_gpu_lock_for_all_its_levels(tmp_path):
+    (tmp_path / measure.TURN_ORDER_FILE).write_text('["platform:0", "bare:0"]')  # names neither side below
+    log = _run_sides(tmp_path, {"stock": None, "h200": None}, 2)
+    runs = [turn.split(":")[0] for event, turn in log if event == "start"]
+    assert runs in (["h200", "h200", "stock", "stock"], ["stock", "stock", "h200", "h200"])
+
+
+def test_with_a_turn_order_run_releases_the_platform_and_its_bare_engine_together(tmp_path, monkeypatch):
+    from benchmarks.gpu import run
+
+    monkeypatch.setattr(run, "BARRIER", tmp_path)
+    (tmp_path / measure.TURN_ORDER_FILE).write_text('["platform:0", "bare:0"]')
+    # The platform side stays up until the bare side has measured, as it does between its turns.
+    script = (
+        "import sys, time; from pathlib import Path; from benchmarks.gpu import measure;"
+        "name, go, folder, other = sys.argv[1], sys.argv[2], Path(sys.argv[3]), sys.argv[4];"
+        "assert measure.wait_for_start(folder, name, ok=True, timeout=20, go=go);"
+        "(folder / (name + '.measured')).touch()\n"
+        "deadline = time.monotonic() + 20\n"
+        "while other and not (folder / (other + '.measured')).exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.1)\n"
+        "assert not other or (folder / (other + '.measured')).exists(), 'the other side was not let measure'\n"
+    )
+
+    def fake(name, go, other=""):
+        return subprocess.Popen([sys.executable, "-c", script, name, go, str(tmp_path), other], cwd=run.ROOT)
+
+    procs = {"platform": fake("platform", "go-platform", other="bare"), "bare": fake("bare", "go")}
+    run._release(procs, deadline=time.time() + 30)
+    assert all(proc.wait(10) == 0 for proc in procs.values())
+    assert (tmp_path / "bare.measured").exists() and (tmp_path / "platform.measured").exists()
