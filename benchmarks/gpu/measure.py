@@ -279,8 +279,9 @@ class Turns:
     Without a turn order naming the run (``turns.json`` in the barrier folder, written by run.py)
     the run holds the exclusive GPU lock (``gpu_turn``) from ``__enter__`` to ``__exit__``, as every
     stage but the platform comparison does. With one, each level is a turn (``level(i)``): it waits
-    until every earlier turn is done or its run has ended (``NAME.ended``, marked on ``__exit__``, so
-    a side that crashed holds nobody up), then measures. ``waited`` is the seconds spent waiting.
+    until every earlier turn is done or its run has ended (``NAME.ended``, marked on ``__exit__`` and
+    by run.py for a process that exited, or ``NAME.failed``, a run that never started), so a side
+    that crashed holds nobody up; then it measures. ``waited`` is the seconds spent waiting.
     """
 
     def __init__(self, barrier_dir: str | os.PathLike, name: str, lock_path: str | os.PathLike,
@@ -313,7 +314,8 @@ class Turns:
         started = time.monotonic()
         for earlier in self.order[: self.order.index(turn)]:
             owner = earlier.rsplit(":", 1)[0]
-            while not (self.folder / f"{earlier}.done").exists() and not (self.folder / f"{owner}.ended").exists():
+            marks = [self.folder / f"{earlier}.done", self.folder / f"{owner}.ended", self.folder / f"{owner}.failed"]
+            while not any(mark.exists() for mark in marks):
                 if time.monotonic() - started > self.timeout:
                     raise TimeoutError(f"turn {earlier} did not end in {self.timeout:.0f} s")
                 time.sleep(0.2)

@@ -126,6 +126,8 @@ def _release(procs: dict[str, subprocess.Popen], deadline: float, planned: dict[
     while time.time() < deadline and any(p.poll() is None for p in procs.values()):
         up = {f.name.rsplit(".", 1)[0] for f in BARRIER.iterdir() if f.suffix in (".ready", ".failed")}
         gone = {name for name, p in procs.items() if p.poll() is not None}
+        for name in gone:  # a side that exited, however, holds up none of the other's turns
+            (BARRIER / f"{name}.ended").touch()
         if not released and set(procs) <= up | gone:
             scale = level_scale(planned or {}, up, deadline - time.time())
             (BARRIER / "scale").write_text(str(scale))

@@ -275,3 +275,11 @@ def test_with_a_turn_order_run_releases_the_platform_and_its_bare_engine_togethe
     run._release(procs, deadline=time.time() + 30)
     assert all(proc.wait(10) == 0 for proc in procs.values())
     assert (tmp_path / "bare.measured").exists() and (tmp_path / "platform.measured").exists()
+
+
+def test_a_side_that_never_started_holds_up_none_of_the_other_sides_turns(tmp_path):
+    order = measure.turn_order(["platform", "bare"], 2)
+    (tmp_path / measure.TURN_ORDER_FILE).write_text(__import__("json").dumps(order))
+    measure.wait_for_start(tmp_path, "platform", ok=False, timeout=0)  # what a failed start marks
+    log = _run_sides(tmp_path, {"bare": None}, 2)
+    assert [turn for event, turn in log if event == "end"] == ["bare:0", "bare:1"]
