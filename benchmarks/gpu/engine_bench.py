@@ -142,8 +142,9 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                         await run_level(engine, f"{name}-warmup", WARMUP_REQUESTS, 0, seed + 1, high, warm,
                                         max_requests=1)  # fmt: skip
                     result["levels"].append(
-                        await _measure_level(engine, name, spec, index, streams, count, loras, warm, sampling,
-                                             scale, seed, high)  # fmt: skip
+                        await _measure_level(
+                            engine, name, spec, index, streams, count, loras, warm, sampling, scale, seed, high
+                        )  # fmt: skip
                     )
                 finally:
                     turns.done(index)

@@ -156,7 +156,8 @@ def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Pat
         if stage == "platform":
             # The two sides alternate level by level (measure.turn_order): a machine that slows down
             # during the call weighs on both, where one block per side put it all on one.
-            sides = ["platform"] + [run.name for run in plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS))]
+            bare = plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS))
+            sides = ["platform"] + [run.name for run in bare]
             order = measure.turn_order(sides, len(plan.PLATFORM_LEVELS))
             (BARRIER / measure.TURN_ORDER_FILE).write_text(json.dumps(order))
             procs["platform"] = spawn("platform", _platform_argv(tok_dir), env)

@@ -1,5 +1,6 @@
 """Load shapes, numbers and the start barrier of the GPU bench (benchmarks/gpu/measure.py)."""
 
+import json
 import subprocess
 import sys
 import threading
@@ -230,7 +231,7 @@ def _run_sides(folder, sides: dict[str, int | None], levels: int) -> list:
 
 def test_the_sides_measure_one_level_at_a_time_in_the_turn_order(tmp_path):
     order = measure.turn_order(["platform", "bare"], 4)
-    (tmp_path / measure.TURN_ORDER_FILE).write_text(__import__("json").dumps(order))
+    (tmp_path / measure.TURN_ORDER_FILE).write_text(json.dumps(order))
     log = _run_sides(tmp_path, {"platform": None, "bare": None}, 4)
     assert [turn for event, turn in log if event == "start"] == order
     # Each turn ends before the next one starts: never two levels on the GPU at once.
@@ -239,7 +240,7 @@ def test_the_sides_measure_one_level_at_a_time_in_the_turn_order(tmp_path):
 
 def test_a_side_that_crashes_holds_up_none_of_the_other_sides_turns(tmp_path):
     order = measure.turn_order(["platform", "bare"], 3)
-    (tmp_path / measure.TURN_ORDER_FILE).write_text(__import__("json").dumps(order))
+    (tmp_path / measure.TURN_ORDER_FILE).write_text(json.dumps(order))
     log = _run_sides(tmp_path, {"platform": 0, "bare": None}, 3)
     assert [turn for event, turn in log if event == "end"] == ["bare:0", "bare:1", "bare:2"]
 
@@ -279,7 +280,7 @@ def test_with_a_turn_order_run_releases_the_platform_and_its_bare_engine_togethe
 
 def test_a_side_that_never_started_holds_up_none_of_the_other_sides_turns(tmp_path):
     order = measure.turn_order(["platform", "bare"], 2)
-    (tmp_path / measure.TURN_ORDER_FILE).write_text(__import__("json").dumps(order))
+    (tmp_path / measure.TURN_ORDER_FILE).write_text(json.dumps(order))
     measure.wait_for_start(tmp_path, "platform", ok=False, timeout=0)  # what a failed start marks
     log = _run_sides(tmp_path, {"bare": None}, 2)
     assert [turn for event, turn in log if event == "end"] == ["bare:0", "bare:1"]

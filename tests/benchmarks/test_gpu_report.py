@@ -68,9 +68,21 @@ def test_the_full_concurrency_table_compares_the_tokens_until_the_first_client_s
 
 def test_the_cpu_table_shows_each_part_with_its_wait_for_a_cpu():
     results = {
-        "bare-h200": {"name": "bare-h200", "levels": [
-            {"streams": 128, "cpu_s": {"client": 5.0, "engine core": 24.0, "client wait": 0.1, "engine core wait": 0.25,
-                                    "steal": 1.5}}]},
+        "bare-h200": {
+            "name": "bare-h200",
+            "levels": [
+                {
+                    "streams": 128,
+                    "cpu_s": {
+                        "client": 5.0,
+                        "engine core": 24.0,
+                        "client wait": 0.1,
+                        "engine core wait": 0.25,
+                        "steal": 1.5,
+                    },
+                }
+            ],
+        },
         "platform-h200": {"name": "platform-h200", "levels": [{"streams": 128, "cpu_s": {"web": 6.07}}]},
     }
     lines = report.cpu_table(results, ["bare-h200", "platform-h200"]).splitlines()
