@@ -129,10 +129,43 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
             raise TimeoutError("no go to measure came in time")
         with measure.Turns(barrier, name, lock) as turns:
             warm = SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
-            high = spec.get("prompt_id_high", measure.PROMPT_ID_HIGH)
             sampling = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+            high = spec.get("prompt_id_high", measure.PROMPT_ID_HIGH)
             result["level_scale"] = scale = measure.read_scale(barrier)
             loras = lora_requests(spec)
+
+            async def measure_level(index: int, streams: int, count: int | None) -> dict:
+                """One level (after loading its adapters, if any), with its CPU seconds."""
+                hot, load_s = (loras[:count] if count else None), None
+                if hot:  # one short request per adapter: all of them loaded before the level starts
+                    loaded = time.monotonic()
+                    await run_level(engine, f"{name}-load{index}", len(hot), 0, seed + 2, high, warm,
+                                    max_requests=1, loras=hot)  # fmt: skip
+                    load_s = round(time.monotonic() - loaded, 2)
+                # Adapter levels share a stream count: prompts of their own, or the prefix cache would
+                # hand a later level the earlier one's prefills.
+                level_seed = seed if count is None else seed + 1000 * (index + 1)
+                before = preemptions()
+                seconds = level_seconds(streams) * scale
+                # The same parts as the platform's meter (platform_bench.Stack.cpu_meter): this
+                # process is the engine's client, its child the engine core.
+                cpu = CpuMeter({"client": (os.getpid(), "self"), "engine core": (os.getpid(), "children")}, waits=True)
+                cpu.start()
+                level = (await run_level(engine, f"{name}-{index}", streams, seconds, level_seed, high, sampling,
+                                         loras=hot)).to_dict()  # fmt: skip
+                after = preemptions()
+                level["cpu_s"] = cpu.stop()
+                level["target_s"] = round(seconds, 1)
+                level["preemptions"] = None if before is None or after is None else after - before
+                if count is not None:
+                    level["adapters"] = count
+                    level["adapter_load_s"] = load_s
+                print(f"[{name}] {streams:>4} streams, adapters {count}: {level['tokens_per_s']:>9.1f} tok/s "
+                      f"over {level['wall_s']:.1f} s "
+                      f"(ttft p50 {level['ttft_ms_p50']} ms, tpot p50 {level['tpot_ms_p50']} ms, "
+                      f"batch {level['max_generating']}, preemptions {level['preemptions']})", flush=True)  # fmt: skip
+                return level
+
             counts = spec.get("adapter_counts") or [None] * len(spec["levels"])
             for index, (streams, count) in enumerate(zip(spec["levels"], counts, strict=True)):
                 # Off the event loop: the engine client's output handler keeps running meanwhile.
@@ -141,51 +174,13 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                     if index == 0:
                         await run_level(engine, f"{name}-warmup", WARMUP_REQUESTS, 0, seed + 1, high, warm,
                                         max_requests=1)  # fmt: skip
-                    result["levels"].append(
-                        await _measure_level(
-                            engine, name, spec, index, streams, count, loras, warm, sampling, scale, seed, high
-                        )  # fmt: skip
-                    )
+                    result["levels"].append(await measure_level(index, streams, count))
                 finally:
                     turns.done(index)
             result["waited_for_gpu_s"] = round(turns.waited, 1)
     finally:
         engine.shutdown()
     return result
-
-
-async def _measure_level(engine, name: str, spec: dict, index: int, streams: int, count: int | None, loras: list,
-                         warm, sampling, scale: float, seed: int, high: int) -> dict:  # fmt: skip
-    """One level (after loading its adapters, if any): the level's result with its CPU seconds."""
-    hot, load_s = (loras[:count] if count else None), None
-    if hot:  # one short request per adapter: all of them loaded before the level starts
-        loaded = time.monotonic()
-        await run_level(engine, f"{name}-load{index}", len(hot), 0, seed + 2, high, warm,
-                        max_requests=1, loras=hot)  # fmt: skip
-        load_s = round(time.monotonic() - loaded, 2)
-    # Adapter levels share a stream count: prompts of their own, or the prefix cache would
-    # hand a later level the earlier one's prefills.
-    level_seed = seed if count is None else seed + 1000 * (index + 1)
-    before = preemptions()
-    seconds = level_seconds(streams) * scale
-    # The same parts as the platform's meter (platform_bench.Stack.cpu_meter): this
-    # process is the engine's client, its child the engine core.
-    cpu = CpuMeter({"client": (os.getpid(), "self"), "engine core": (os.getpid(), "children")}, waits=True)
-    cpu.start()
-    level = (await run_level(engine, f"{name}-{index}", streams, seconds, level_seed, high, sampling,
-                             loras=hot)).to_dict()  # fmt: skip
-    after = preemptions()
-    level["cpu_s"] = cpu.stop()
-    level["target_s"] = round(seconds, 1)
-    level["preemptions"] = None if before is None or after is None else after - before
-    if count is not None:
-        level["adapters"] = count
-        level["adapter_load_s"] = load_s
-    print(f"[{name}] {streams:>4} streams, adapters {count}: {level['tokens_per_s']:>9.1f} tok/s "
-          f"over {level['wall_s']:.1f} s "
-          f"(ttft p50 {level['ttft_ms_p50']} ms, tpot p50 {level['tpot_ms_p50']} ms, "
-          f"batch {level['max_generating']}, preemptions {level['preemptions']})", flush=True)  # fmt: skip
-    return level
 
 
 def main(argv: list[str] | None = None) -> int:

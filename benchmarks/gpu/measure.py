@@ -24,7 +24,7 @@ import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -293,18 +293,16 @@ class Turns:
             order = []
         self.order: list[str] = order if any(turn.startswith(f"{name}:") for turn in order) else []
         self.waited = 0.0
-        self._lock = None
+        self._held = ExitStack()
 
     def __enter__(self) -> Turns:
         if not self.order:
-            self._lock = gpu_turn(self.lock_path)
-            self.waited += self._lock.__enter__()
+            self.waited += self._held.enter_context(gpu_turn(self.lock_path))
         return self
 
     def __exit__(self, *exc_info) -> None:
         (self.folder / f"{self.name}.ended").touch()
-        if self._lock is not None:
-            self._lock.__exit__(*exc_info)
+        self._held.close()
 
     def wait(self, index: int) -> None:
         """Block until level ``index`` may be measured (at once when there is no turn order)."""

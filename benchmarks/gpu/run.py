@@ -150,16 +150,16 @@ def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Pat
     procs: dict[str, subprocess.Popen] = {}
     planned: dict[str, float] = {}
     for stage in stages:
-        for run in plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS)):
-            procs[run.name] = spawn(run.name, _engine_argv(run), {**env, **run.env})
-            planned[run.name] = run.planned_seconds()
+        runs = plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS))
         if stage == "platform":
             # The two sides alternate level by level (measure.turn_order): a machine that slows down
             # during the call weighs on both, where one block per side put it all on one.
-            bare = plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS))
-            sides = ["platform"] + [run.name for run in bare]
-            order = measure.turn_order(sides, len(plan.PLATFORM_LEVELS))
+            order = measure.turn_order(["platform"] + [run.name for run in runs], len(plan.PLATFORM_LEVELS))
             (BARRIER / measure.TURN_ORDER_FILE).write_text(json.dumps(order))
+        for run in runs:
+            procs[run.name] = spawn(run.name, _engine_argv(run), {**env, **run.env})
+            planned[run.name] = run.planned_seconds()
+        if stage == "platform":
             procs["platform"] = spawn("platform", _platform_argv(tok_dir), env)
             planned["platform"] = plan.planned_seconds(plan.PLATFORM_LEVELS, warmup_s=15.0)
     print(f"started {', '.join(procs)} at {time.strftime('%H:%M:%S')}", flush=True)
