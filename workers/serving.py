@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
+from celery.worker import state as worker_state
 from django.conf import settings
 
 from config.env import env_float
@@ -22,6 +23,7 @@ from config.heap import freeze_startup_heap
 from config.redis_client import REDIS_UNAVAILABLE
 from workers import protocol
 from workers.adapters import held_field
+from workers.broker import take_waves
 from workers.celery_app import app
 from workers.engine import EngineHost
 from workers.protocol import RequestInput
@@ -315,6 +317,16 @@ def _prestart_task_threads(sender, **kwargs) -> None:
     if isinstance(executor, ThreadPoolExecutor):
         prestart_threads(executor, pool.limit)
         log.info("worker %s: started its %d task threads", sender.hostname, pool.limit)
+
+
+@worker_ready.connect
+def _take_waves_of_tasks(sender, **kwargs) -> None:
+    """A worker that serves a model takes a wave of waiting requests in one round trip, up to its free
+    task slots (workers/broker.py); each slot runs one request, from receipt until its end."""
+    if _runtime is None:
+        return
+    slots = sender.pool.num_processes
+    take_waves(lambda: slots - len(worker_state.reserved_requests))
 
 
 @worker_ready.connect

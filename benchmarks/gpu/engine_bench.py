@@ -142,11 +142,14 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                     await run_level(engine, f"{name}-load{index}", len(hot), 0, seed + 2, high, warm,
                                     max_requests=1, loras=hot)  # fmt: skip
                     load_s = round(time.monotonic() - loaded, 2)
-                # Adapter levels share a stream count: prompts of their own, or the prefix cache would
-                # hand a later level the earlier one's prefills.
-                level_seed = seed if count is None else seed + 1000 * (index + 1)
+                # Adapter levels (and a level's later turns) share a stream count: prompts of their own,
+                # or the prefix cache would hand a later level the earlier one's prefills.
+                if count is None:
+                    level_seed = measure.turn_seed(seed, spec["levels"], index)
+                else:
+                    level_seed = seed + 1000 * (index + 1)
                 before = preemptions()
-                seconds = level_seconds(streams) * scale
+                seconds = level_seconds(streams, spec.get("rounds", 1)) * scale
                 # The same parts as the platform's meter (platform_bench.Stack.cpu_meter): this
                 # process is the engine's client, its child the engine core.
                 cpu = CpuMeter({"client": (os.getpid(), "self"), "engine core": (os.getpid(), "children")}, waits=True)

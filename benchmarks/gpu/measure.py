@@ -262,6 +262,12 @@ def gpu_turn(lock_path: str | os.PathLike) -> Iterator[float]:
 TURN_ORDER_FILE = "turns.json"
 
 
+def turn_seed(seed: int, levels: list[int], index: int) -> int:
+    """The prompts' seed for turn ``index`` of ``levels``: a level's later turns get prompts of their
+    own, or the prefix cache would hand them the earlier turns' prefills."""
+    return seed + 100_003 * levels[:index].count(levels[index])
+
+
 def turn_order(sides: list[str], levels: int) -> list[str]:
     """The turns of a comparison, ``side:level`` in the order they run: every level once per side,
     the sides alternating level by level and taking the first place in turn (A B, B A, A B, ...),

@@ -24,6 +24,9 @@ OUTPUT_TOKENS = 512
 PROFILE_LEVELS = (1, 8, 32, 128)
 # BENCH_PLATFORM_LEVELS=128,256 measures only those (a device call with little time left).
 PLATFORM_LEVELS = tuple(int(n) for n in os.environ.get("BENCH_PLATFORM_LEVELS", "32,128,256,512").split(","))
+# How many turns each side of the platform comparison takes at each level (BENCH_PLATFORM_ROUNDS);
+# a level's figure pools its turns (benchmarks/gpu/report.py ``rate``). See ``platform_schedule``.
+PLATFORM_ROUNDS = max(1, int(os.environ.get("BENCH_PLATFORM_ROUNDS", "2")))
 CAPACITY_LEVELS = (256, 512)
 # Seconds per level. Up to 32 streams a few seconds repeat within 1% between runs; at 128 streams
 # and more a 4-8 s window varied by ±20% (DESIGN.md): those levels run 30 s.
@@ -115,15 +118,32 @@ STAGES = ("profiles", "platform", "compare", "variants", "fusions", "capacity", 
 DEFAULT_STAGES = ("platform",)
 
 
-def level_seconds(streams: int) -> float:
-    """How long a level runs (its clients stop sending once their next request would not fit)."""
-    return LONG_LEVEL_S if streams >= LONG_FROM_STREAMS else SHORT_LEVEL_S
+def level_seconds(streams: int, rounds: int = 1) -> float:
+    """How long one turn at a level runs (its clients stop sending once their next request would not
+    fit): a level measured in ``rounds`` turns splits its long time between them, never below the
+    short level's."""
+    full = LONG_LEVEL_S if streams >= LONG_FROM_STREAMS else SHORT_LEVEL_S
+    return max(SHORT_LEVEL_S, full / rounds)
 
 
-def planned_seconds(levels: tuple[int, ...] | list[int], warmup_s: float = 6.0, adapter_counts=()) -> float:
-    """Seconds one engine's (or the platform's) measurement takes: warm-up and every level, plus the
-    loading of each adapter level's adapters."""
-    return warmup_s + sum(level_seconds(n) for n in levels) + ADAPTER_LOAD_S * sum(1 for n in adapter_counts if n)
+def planned_seconds(levels: tuple[int, ...] | list[int], warmup_s: float = 6.0, adapter_counts=(),
+                    rounds: int = 1) -> float:  # fmt: skip
+    """Seconds one engine's (or the platform's) measurement takes: warm-up and every turn of
+    ``levels`` (turns of ``rounds``), plus the loading of each adapter level's adapters."""
+    turns = sum(level_seconds(n, rounds) for n in levels)
+    return warmup_s + turns + ADAPTER_LOAD_S * sum(1 for n in adapter_counts if n)
+
+
+def platform_schedule(levels: tuple[int, ...] = PLATFORM_LEVELS, rounds: int = PLATFORM_ROUNDS) -> tuple[int, ...]:
+    """The levels of the platform comparison in the order each side measures them: up, then down,
+    ``rounds`` passes in all. With the turn order (``measure.turn_order``: who goes first alternates
+    from one turn to the next) the two turns of each level then come as A B ... B A: a host that
+    steals CPU for a while (2-5 s of steal in one side's 30 s turn, 2026-12-03) or drifts during
+    the call weighs on both sides of a level, where one turn each put it all on one side."""
+    schedule: list[int] = []
+    for index in range(rounds):
+        schedule += levels if index % 2 == 0 else levels[::-1]
+    return tuple(schedule)
 
 
 @dataclass(frozen=True)
@@ -138,9 +158,11 @@ class EngineRun:
     # The adapters stage: hot adapters per level (0: the base model), and the adapters' folders.
     adapter_counts: tuple[int, ...] = ()
     adapter_dirs: tuple[str, ...] = ()
+    # Turns per level: ``levels`` names each level this many times (``platform_schedule``).
+    rounds: int = 1
 
     def planned_seconds(self) -> float:
-        return planned_seconds(self.levels, adapter_counts=self.adapter_counts)
+        return planned_seconds(self.levels, adapter_counts=self.adapter_counts, rounds=self.rounds)
 
 
 def _bench(args: dict[str, Any], model_dir: str, tokenizer: bool) -> dict[str, Any]:
@@ -212,9 +234,9 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str, adapter_folder: str
         runs = [stock_run(model_dir)] + [profile_run(p, model_dir) for p in PROFILES]
         return runs + [profile_run("h200", model_dir, name, **H200_VARIANTS[name]) for name in FIRST_RUN_VARIANTS]
     if stage == "platform":
-        bare = profile_run("h200", tok_model_dir, "bare-h200", tokenizer=True, levels=PLATFORM_LEVELS)
+        bare = profile_run("h200", tok_model_dir, "bare-h200", tokenizer=True, levels=platform_schedule())
         args = {**bare.engine_args, **platform_worker_overrides()}
-        return [EngineRun(bare.name, args, bare.levels, bare.description)]
+        return [EngineRun(bare.name, args, bare.levels, bare.description, rounds=PLATFORM_ROUNDS)]
     if stage == "compare":
         return [stock_run(model_dir), profile_run("h200", model_dir)]
     if stage == "variants":

@@ -220,9 +220,10 @@ def bench(args) -> dict:
                 with turns.level(index):
                     if index == 0:
                         result["warmup"] = _warm_up(stack, key, args)
-                    seconds = plan.level_seconds(streams) * scale
+                    seconds = plan.level_seconds(streams, args.rounds) * scale
+                    seed = measure.turn_seed(args.seed, args.levels, index)
                     cpu.start()
-                    level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, args.seed,
+                    level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, seed,
                                                           args.prompt_id_high, plan.OUTPUT_TOKENS))  # fmt: skip
                     result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1),
                                              "error_samples": errors, "cpu_s": cpu.stop()})  # fmt: skip
@@ -287,7 +288,13 @@ def main(argv: list[str] | None = None) -> int:
         default=plan.platform_worker_overrides(),
         help="the worker's ENGINE_ARGS_JSON (default: random weights, the bench's KV cache)",
     )
-    parser.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=list(plan.PLATFORM_LEVELS))
+    parser.add_argument(
+        "--levels",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=list(plan.platform_schedule()),
+        help="the turns' levels, in order",
+    )
+    parser.add_argument("--rounds", type=int, default=plan.PLATFORM_ROUNDS, help="turns per level in --levels")
     parser.add_argument("--prompt-id-high", type=int, default=measure.PROMPT_ID_HIGH)
     args = parser.parse_args(argv)
     args.log_dir.mkdir(parents=True, exist_ok=True)

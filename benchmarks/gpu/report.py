@@ -25,15 +25,23 @@ def by_name(results: Iterable[dict]) -> dict[str, dict]:
     return {result["name"]: result for result in results}
 
 
+# A level's rate and the seconds it is over (see ``rate``).
+_SECONDS = {"tokens_per_s": "wall_s", "full_tokens_per_s": "full_s"}
+
+
 def rate(result: dict | None, streams: int, key: str = "tokens_per_s") -> float | None:
     """Tokens/s of ``result`` at ``streams`` (``key``: over the whole level, or ``full_tokens_per_s``
-    while every client was sending), or None when not measured (or failed)."""
+    while every client was sending), pooled over the level's turns when it took several (their
+    tokens over their seconds); None when not measured, failed, or a turn had failed requests."""
     if not result or "error" in result:
         return None
-    for level in result.get("levels", []):
-        if level["streams"] == streams and not level.get("errors") and level.get(key) is not None:
-            return float(level[key])
-    return None
+    turns = [level for level in result.get("levels", []) if level["streams"] == streams]
+    if not turns or any(level.get("errors") or level.get(key) is None for level in turns):
+        return None
+    if len(turns) == 1:
+        return float(turns[0][key])
+    seconds = [float(level[_SECONDS[key]]) for level in turns]
+    return sum(float(level[key]) * s for level, s in zip(turns, seconds, strict=True)) / sum(seconds)
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -90,7 +90,7 @@ def log_tail(name: str, lines: int = 25) -> str:
 def _engine_argv(run: plan.EngineRun) -> list[str]:
     spec = WORK / "specs" / f"{run.name}.json"
     measure.write_json(spec, {"name": run.name, "engine_args": run.engine_args, "levels": list(run.levels),
-                              "env": run.env, "adapter_counts": list(run.adapter_counts),
+                              "rounds": run.rounds, "env": run.env, "adapter_counts": list(run.adapter_counts),
                               "adapter_dirs": list(run.adapter_dirs)})  # fmt: skip
     (RESULTS / f"{run.name}.json").unlink(missing_ok=True)
     return [sys.executable, "-m", "benchmarks.gpu.engine_bench", "--spec", str(spec),
@@ -154,14 +154,15 @@ def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Pat
         if stage == "platform":
             # The two sides alternate level by level (measure.turn_order): a machine that slows down
             # during the call weighs on both, where one block per side put it all on one.
-            order = measure.turn_order(["platform"] + [run.name for run in runs], len(plan.PLATFORM_LEVELS))
+            order = measure.turn_order(["platform"] + [run.name for run in runs], len(plan.platform_schedule()))
             (BARRIER / measure.TURN_ORDER_FILE).write_text(json.dumps(order))
         for run in runs:
             procs[run.name] = spawn(run.name, _engine_argv(run), {**env, **run.env})
             planned[run.name] = run.planned_seconds()
         if stage == "platform":
             procs["platform"] = spawn("platform", _platform_argv(tok_dir), env)
-            planned["platform"] = plan.planned_seconds(plan.PLATFORM_LEVELS, warmup_s=15.0)
+            planned["platform"] = plan.planned_seconds(plan.platform_schedule(), warmup_s=15.0,
+                                                       rounds=plan.PLATFORM_ROUNDS)  # fmt: skip
     print(f"started {', '.join(procs)} at {time.strftime('%H:%M:%S')}", flush=True)
     if "adapters" in stages:
         # While the engines start (they load adapters only once released to measure, below).

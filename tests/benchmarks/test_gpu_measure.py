@@ -284,3 +284,11 @@ def test_a_side_that_never_started_holds_up_none_of_the_other_sides_turns(tmp_pa
     measure.wait_for_start(tmp_path, "platform", ok=False, timeout=0)  # what a failed start marks
     log = _run_sides(tmp_path, {"bare": None}, 2)
     assert [turn for event, turn in log if event == "end"] == ["bare:0", "bare:1"]
+
+
+def test_a_levels_later_turns_get_prompts_of_their_own_and_both_sides_the_same():
+    schedule = [32, 128, 128, 32]
+    seeds = [measure.turn_seed(7, schedule, index) for index in range(len(schedule))]
+    assert seeds[0] == seeds[1] == 7 and seeds[2] == seeds[3] != 7
+    first, again = (measure.prompt(seeds[i] + 32, 0, 0) for i in (0, 3))
+    assert first != again

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from benchmarks.gpu import plan
+from benchmarks.gpu import measure, plan
 from workers.profiles import get_profile
 
 MODEL, TOK_MODEL = "/bench/model", "/bench/model-tok"
@@ -47,7 +47,7 @@ def test_the_bare_engine_of_the_platform_comparison_detokenizes_like_the_worker(
     bare = runs("platform")["bare-h200"]
     assert "skip_tokenizer_init" not in bare.engine_args
     assert bare.engine_args["model"] == TOK_MODEL
-    assert bare.levels == plan.PLATFORM_LEVELS
+    assert sorted(set(bare.levels)) == list(plan.PLATFORM_LEVELS)
     worker_args = {**get_profile("h200").engine_args, "model": TOK_MODEL, **plan.platform_worker_overrides()}
     assert bare.engine_args == worker_args
 
@@ -77,9 +77,37 @@ def test_the_bench_kv_cache_holds_128_streams_of_prompt_and_output():
 def test_platform_levels_reach_512_streams_and_long_levels_run_30_s():
     assert plan.PLATFORM_LEVELS == (32, 128, 256, 512)
     assert [plan.level_seconds(n) for n in (1, 32, 128, 512)] == [8, 8, 30, 30]
-    # The default stage fits one 600 s call: ~300 s cold start, both sides' levels, install.
-    both_sides = plan.planned_seconds(plan.PLATFORM_LEVELS, warmup_s=15) + plan.planned_seconds(plan.PLATFORM_LEVELS)
-    assert plan.DEFAULT_STAGES == ("platform",) and 300 + both_sides + 40 < 565
+    # In two turns a long level runs 15 s each; a short one keeps its 8 s.
+    assert [plan.level_seconds(n, rounds=2) for n in (32, 128, 512)] == [8, 15, 15]
+    # The default stage fits one 600 s call: ~300 s cold start, both sides' turns (shortened by at
+    # most a tenth by run.py's level scale when the start was slow), install.
+    schedule, rounds = plan.platform_schedule(), plan.PLATFORM_ROUNDS
+    platform = plan.planned_seconds(schedule, warmup_s=15, rounds=rounds)
+    both_sides = platform + plan.planned_seconds(schedule, rounds=rounds)
+    assert plan.DEFAULT_STAGES == ("platform",) and 300 + 0.9 * both_sides + 40 < 565
+
+
+def test_each_side_measures_every_platform_level_twice_up_then_down():
+    assert plan.PLATFORM_ROUNDS == 2
+    assert plan.platform_schedule() == (32, 128, 256, 512, 512, 256, 128, 32)
+    assert plan.platform_schedule((32, 128), rounds=3) == (32, 128, 128, 32, 32, 128)
+    assert plan.platform_schedule((32, 128), rounds=1) == (32, 128)
+    bare = runs("platform")["bare-h200"]
+    assert bare.levels == plan.platform_schedule() and bare.rounds == 2
+
+
+def test_with_the_turn_order_each_levels_two_turns_come_a_b_then_b_a():
+    for levels in [(32,), (32, 128), (32, 128, 256), (32, 128, 256, 512)]:
+        schedule = plan.platform_schedule(levels, rounds=2)
+        order = measure.turn_order(["platform", "bare"], len(schedule))
+        for streams in levels:
+            first, second = (i for i, n in enumerate(schedule) if n == streams)
+            sides = [order[2 * first], order[2 * first + 1], order[2 * second], order[2 * second + 1]]
+            assert [turn.split(":")[0] for turn in sides] in (
+                ["platform", "bare", "bare", "platform"], ["bare", "platform", "platform", "bare"],
+            )  # fmt: skip
+            # Both sides' turn indexes name the same level.
+            assert {int(turn.split(":")[1]) for turn in sides} == {first, second}
 
 
 def test_capacity_runs_give_every_running_sequence_room():

@@ -88,3 +88,16 @@ def test_the_cpu_table_shows_each_part_with_its_wait_for_a_cpu():
     lines = report.cpu_table(results, ["bare-h200", "platform-h200"]).splitlines()
     assert "| bare-h200 | 128 | client 5.00 (0.10), engine core 24.00 (0.25), stolen by the host 1.50 |" in lines
     assert "| platform-h200 | 128 | web 6.07 |" in lines
+
+
+def test_a_level_measured_in_several_turns_is_their_tokens_over_their_seconds():
+    def turn(rate, wall, errors=0):
+        return {"streams": 128, "tokens_per_s": rate, "wall_s": wall, "errors": errors}
+
+    pooled = {"name": "bare-h200", "levels": [{"streams": 32, "tokens_per_s": 6000.0, "wall_s": 8.0},
+                                              turn(10_000.0, 10.0), turn(16_000.0, 20.0)]}  # fmt: skip
+    assert report.rate(pooled, 128) == (10_000.0 * 10 + 16_000.0 * 20) / 30
+    assert report.rate(pooled, 32) == 6000.0
+    # One turn with a failed request fails the level.
+    pooled["levels"].append(turn(20_000.0, 15.0, errors=1))
+    assert report.rate(pooled, 128) is None
