@@ -1,5 +1,5 @@
 """The platform's side of kombu's Redis transport: the task message the gateway pushes itself, and
-a transport with one client object per channel.
+a transport that takes waves of tasks and keeps one client object per channel.
 
 ``task_message``: the gateway sends one Celery task per inference request; it builds the message
 with Celery and pushes it in the same MULTI/EXEC as the request's input (gateway/dispatch.py
@@ -15,7 +15,10 @@ round trip of its own per request.
   (``take_waves``) follows each ``BRPOP`` that delivered a message with one ``RPOP <queue> <n>``
   for the rest of the wave, ``n`` being its free task slots, so it never holds more than it can run
   (the point of ``worker_disable_prefetch``: a busy worker leaves the queue to the others).
-  ``RPOP`` with a count needs Redis 6.2, the platform's minimum.
+  ``RPOP`` with a count needs Redis 6.2, the platform's minimum. A lone message costs one ``RPOP``
+  that finds nothing. On an H200 (docs/gpu.md, 2026-12-03) the waves were real (1-17 more tasks
+  after 206 of 320 ``BRPOP``s) but the hop did not shrink beyond the spread between calls: most of
+  it is Celery's own work per message and the engine loop's backlog, not the round trips.
 - **One client per channel.** kombu builds a new ``redis.Redis`` around its connection pool for
   every message it publishes (``Channel.conn_or_acquire`` → ``_create_client``); redis-py 8's
   client constructor is heavy enough to be ~18% of Celery's ``send_task`` (profiled in
