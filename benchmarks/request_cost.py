@@ -44,15 +44,33 @@ def redis_cpu_seconds(client: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def redis_traffic(client: redis.Redis) -> dict[str, int]:
+    """The server's reads (one per client round trip, a pipeline being one) and commands so far, and
+    the calls of each command: on a small machine every round trip costs a context switch or two."""
+    stats = client.info("stats")
+    traffic = {"reads": int(stats["total_reads_processed"]), "commands": int(stats["total_commands_processed"])}
+    for name, fields in client.info("commandstats").items():
+        traffic[name.removeprefix("cmdstat_")] = int(fields["calls"])
+    return traffic
+
+
+def per_request(before: dict[str, int], after: dict[str, int], requests: int) -> dict[str, float]:
+    """What ``after`` adds to ``before``, per request (commands the workload never sent are left out)."""
+    counts = {name: (calls - before.get(name, 0)) / requests for name, calls in after.items()}
+    return {name: round(count, 2) for name, count in counts.items() if count}
+
+
 def measure(stack, client: redis.Redis, tokens: int, streams: int, requests: int, first: int) -> dict:
     pids = stack.pids()
     meter = CpuMeter({"web": (pids["platform-web"], "tree"), "worker": (pids["platform-worker"], "self")})
     workload = Workload(MODEL_NAME, prompt_words=100, output_tokens=tokens)
-    redis_before = redis_cpu_seconds(client)
+    redis_before, traffic_before = redis_cpu_seconds(client), redis_traffic(client)
     meter.start()
     results, wall = run_requests(stack.base_url, stack.api_key, workload, streams, requests, first_index=first)
     cpu = meter.stop()
     cpu["redis"] = redis_cpu_seconds(client) - redis_before
+    # Read before the next round's requests: background work (heartbeats, beat) is counted too.
+    redis_per_request = per_request(traffic_before, redis_traffic(client), requests)
     failed = sum(1 for r in results if r.error or r.completion_tokens != tokens)
     return {
         "tokens": tokens,
@@ -62,6 +80,7 @@ def measure(stack, client: redis.Redis, tokens: int, streams: int, requests: int
         "wall_s": round(wall, 2),
         "requests_per_s": round(requests / wall, 1),
         "cpu_ms_per_request": {name: round(1000 * seconds / requests, 2) for name, seconds in cpu.items()},
+        "redis_per_request": redis_per_request,
     }
 
 
@@ -73,6 +92,10 @@ def median_round(rounds: list[dict]) -> dict:
     summary["cpu_ms_per_request"] = {
         name: round(statistics.median(r["cpu_ms_per_request"][name] for r in rounds), 2)
         for name in rounds[0]["cpu_ms_per_request"]
+    }
+    names = {name for r in rounds for name in r["redis_per_request"]}
+    summary["redis_per_request"] = {
+        name: statistics.median(r["redis_per_request"].get(name, 0.0) for r in rounds) for name in sorted(names)
     }
     return summary
 
@@ -95,6 +118,10 @@ def _report(label: str, summary: dict) -> None:
         f"worker {cost['worker']:.2f}, redis {cost['redis']:.2f} (failed {summary['failed']})",
         flush=True,
     )
+    traffic = dict(summary["redis_per_request"])
+    reads, commands = traffic.pop("reads", 0.0), traffic.pop("commands", 0.0)
+    each = ", ".join(f"{name} {count:g}" for name, count in sorted(traffic.items(), key=lambda item: -item[1]))
+    print(f"{'':>9} Redis per request: {reads:g} round trips, {commands:g} commands ({each})", flush=True)
 
 
 def _profiled(stack, folder: Path) -> list[PySpy]:

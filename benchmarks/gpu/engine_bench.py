@@ -68,15 +68,20 @@ async def _one_request(engine, request_id: str, prompt: list[int], sampling, lor
 
 
 async def run_level(engine, name: str, streams: int, seconds: float, seed: int, high: int, sampling,
-                    max_requests: int | None = None, loras: list | None = None):  # fmt: skip
-    """One level; with ``loras``, client i sends every request with ``loras[i % len(loras)]``."""
+                    max_requests: int | None = None, loras: list | None = None,
+                    turns: measure.Turns | None = None):  # fmt: skip
+    """One level; with ``loras``, client i sends every request with ``loras[i % len(loras)]``; with
+    ``turns``, as many requests per client as the stream count's first turn (``Turns.request_counts``)."""
 
     async def one(i: int, n: int) -> measure.RequestRecord:
         prompt = measure.prompt(seed + streams, i, n, high=high)
         lora = loras[i % len(loras)] if loras else None
         return await _one_request(engine, f"{name}-{streams}-{i}-{n}", prompt, sampling, lora)
 
-    records, started, errors = await measure.drive(streams, seconds, one, max_requests)
+    counts = turns.request_counts(streams) if turns is not None else None
+    records, started, errors = await measure.drive(streams, seconds, one, max_requests, counts)
+    if turns is not None:
+        turns.keep_request_counts(streams, records)
     if errors:
         raise RuntimeError(f"{len(errors)} requests failed at {streams} streams: {errors[0]}")
     return measure.summarize(streams, records, started)
@@ -155,7 +160,7 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                 cpu = CpuMeter({"client": (os.getpid(), "self"), "engine core": (os.getpid(), "children")}, waits=True)
                 cpu.start()
                 level = (await run_level(engine, f"{name}-{index}", streams, seconds, level_seed, high, sampling,
-                                         loras=hot)).to_dict()  # fmt: skip
+                                         loras=hot, turns=turns)).to_dict()  # fmt: skip
                 after = preemptions()
                 level["cpu_s"] = cpu.stop()
                 level["target_s"] = round(seconds, 1)

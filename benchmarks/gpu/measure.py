@@ -12,6 +12,13 @@ longer can lose most of its last wave (the bare engine fitting 8 full waves, the
 fifth of the 8th, 0.89 of bare where the requests' durations were 0.95 of it). The throughput at
 full concurrency is free of that step: the tokens generated until the first client stops, over that
 time (each request's tokens after its first counted at a constant rate up to its end).
+
+Where the two sides take turns at a level (``Turns`` with a turn order), only a level's first turn
+is timed that way: each client of the later turns, on either side, sends exactly as many requests as
+it did in the first (``Turns.request_counts``), so both sides do the same work and their throughputs
+compare their wall times. Timed turns alone let a level's sides differ by a whole wave: on
+2026-12-03 a 256-stream turn of bare fitted two waves of requests in 15 s, the platform's one, and
+the ramp at a turn's start weighs twice as much in one wave as in two.
 """
 
 from __future__ import annotations
@@ -85,14 +92,22 @@ def prompt(seed: int, stream: int, index: int, length: int = PROMPT_TOKENS, high
 
 
 async def drive(streams: int, seconds: float, one_request: Callable[[int, int], Awaitable[RequestRecord]],
-                max_requests: int | None = None) -> tuple[list[RequestRecord], float, list[str]]:  # fmt: skip
+                max_requests: int | None = None, counts: list[int] | None = None,
+                ) -> tuple[list[RequestRecord], float, list[str]]:  # fmt: skip
     """Run ``streams`` clients for about ``seconds``: client ``i`` awaits ``one_request(i, n)`` for
     n = 0, 1, ... and starts another only while ``elapsed + its last request's duration`` stays within
-    ``seconds`` (every client sends at least one; at most ``max_requests`` each). A request that
+    ``seconds`` (every client sends at least one; at most ``max_requests`` each). With ``counts``,
+    client ``i`` sends exactly ``counts[i]`` requests instead, whatever the time. A request that
     raises is counted as an error and ends that client. Returns (records, start time, error texts)."""
     records: list[RequestRecord] = []
     errors: list[str] = []
     started = time.perf_counter()
+
+    def more(i: int, sent: int, last_started: float) -> bool:
+        if counts is not None:
+            return sent < counts[i]
+        now = time.perf_counter()
+        return (max_requests is None or sent < max_requests) and now - started + (now - last_started) <= seconds
 
     async def client(i: int) -> None:
         n = 0
@@ -104,8 +119,7 @@ async def drive(streams: int, seconds: float, one_request: Callable[[int, int], 
                 errors.append(f"{type(exc).__name__}: {exc}")
                 return
             n += 1
-            now = time.perf_counter()
-            if (max_requests is not None and n >= max_requests) or now - started + (now - t0) > seconds:
+            if not more(i, n, t0):
                 return
 
     await asyncio.gather(*(client(i) for i in range(streams)))
@@ -330,6 +344,24 @@ class Turns:
         if f"{self.name}:{index}" in self.order:
             (self.folder / f"{self.name}:{index}.done").touch()
 
+    def request_counts(self, streams: int) -> list[int] | None:
+        """What each client sent in this stream count's first turn, for a later turn to send the same
+        (module docstring); None for the first turn, or without a turn order (a timed level)."""
+        try:
+            return json.loads((self.folder / f"counts-{streams}.json").read_text()) if self.order else None
+        except (OSError, ValueError):
+            return None
+
+    def keep_request_counts(self, streams: int, records: list[RequestRecord]) -> None:
+        """After a turn: the first at this stream count sets the requests per client of the later ones."""
+        path = self.folder / f"counts-{streams}.json"
+        if self.order and not path.exists():
+            sent = [0] * streams
+            for record in records:
+                if record.client is not None:
+                    sent[record.client] += 1
+            write_json(path, sent)
+
     @contextmanager
     def level(self, index: int) -> Iterator[None]:
         self.wait(index)
@@ -339,7 +371,7 @@ class Turns:
             self.done(index)
 
 
-def write_json(path: str | os.PathLike, data: dict) -> None:
+def write_json(path: str | os.PathLike, data: dict | list) -> None:
     """Write atomically: a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

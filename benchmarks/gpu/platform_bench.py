@@ -174,7 +174,7 @@ async def _one_request(session, url: str, key: str, prompt: list[int], max_token
 
 
 async def run_level(base: str, key: str, streams: int, seconds: float, seed: int, high: int, max_tokens: int,
-                    max_requests: int | None = None):  # fmt: skip
+                    max_requests: int | None = None, counts: list[int] | None = None):  # fmt: skip
     import aiohttp
 
     url = f"{base}/v1/completions"
@@ -185,7 +185,7 @@ async def run_level(base: str, key: str, streams: int, seconds: float, seed: int
         async def one(i: int, n: int) -> measure.RequestRecord:
             return await _one_request(session, url, key, measure.prompt(seed + streams, i, n, high=high), max_tokens)
 
-        records, started, errors = await measure.drive(streams, seconds, one, max_requests)
+        records, started, errors = await measure.drive(streams, seconds, one, max_requests, counts)
     result = measure.summarize(streams, records, started, errors=len(errors))
     return result, errors[:5], records
 
@@ -222,9 +222,12 @@ def bench(args) -> dict:
                         result["warmup"] = _warm_up(stack, key, args)
                     seconds = plan.level_seconds(streams, args.rounds) * scale
                     seed = measure.turn_seed(args.seed, args.levels, index)
+                    counts = turns.request_counts(streams)
                     cpu.start()
                     level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, seed,
-                                                          args.prompt_id_high, plan.OUTPUT_TOKENS))  # fmt: skip
+                                                          args.prompt_id_high, plan.OUTPUT_TOKENS,
+                                                          counts=counts))  # fmt: skip
+                    turns.keep_request_counts(streams, records)
                     result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1),
                                              "error_samples": errors, "cpu_s": cpu.stop()})  # fmt: skip
                 level_records.append(records)

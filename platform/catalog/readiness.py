@@ -8,7 +8,7 @@ import time
 
 from django.conf import settings
 
-from config.redis_client import get_redis
+from config.redis_client import get_async_redis, get_redis
 from workers import protocol
 
 
@@ -17,26 +17,39 @@ def heartbeat_cutoff() -> float:
     return time.time() - settings.WORKER_HEARTBEAT_TIMEOUT
 
 
-def state_reads(pipe, names: list[str]):
-    """Queue on `pipe` (sync or async) the read of each worker's state and reported slots."""
-    for name in names:
-        pipe.hmget(protocol.worker_key(name), "state", "slots")
-    return pipe
+# The workers of a pool that heartbeat since ARGV[1], each with its state and reported slots, in one
+# round trip (a request's admission reads them on the hot path). ARGV[2] is the prefix of the
+# workers' hashes (workers/protocol.py `worker_key`).
+_READY_SCRIPT = """
+local rows = {}
+for i, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')) do
+  local fields = redis.call('HMGET', ARGV[2] .. name, 'state', 'slots')
+  rows[i] = {name, fields[1], fields[2]}
+end
+return rows
+"""
 
 
-def only_ready(names: list[str], replies: list[list[str | None]]) -> dict[str, int]:
-    """The ready workers among `names`, each with the slots its heartbeat reports (0: none)."""
-    return {name: int(slots or 0) for name, (state, slots) in zip(names, replies, strict=True) if state == "ready"}
+def _only_ready(rows: list[list[str | None]]) -> dict[str, int]:
+    """The ready workers among the script's rows (name, state, slots), each with its slots (0: none)."""
+    return {name: int(slots or 0) for name, state, slots in rows if state == "ready"}
+
+
+def _ready_script_call(client, pool: str):
+    """The script's call on `client` (sync: its rows; async: an awaitable of them)."""
+    script = client.register_script(_READY_SCRIPT)
+    return script(keys=[protocol.pool_workers_key(pool)], args=[heartbeat_cutoff(), protocol.worker_key("")])
 
 
 def ready_workers(pool: str) -> dict[str, int]:
     """The pool's workers that heartbeat recently and have a ready engine, each with its slots
     (its Celery concurrency, 0 if it reports none): one read serves dispatch and fair share."""
-    redis = get_redis()
-    fresh = redis.zrangebyscore(protocol.pool_workers_key(pool), heartbeat_cutoff(), "+inf")
-    if not fresh:
-        return {}
-    return only_ready(fresh, state_reads(redis.pipeline(transaction=False), fresh).execute())
+    return _only_ready(_ready_script_call(get_redis(), pool))
+
+
+async def ready_workers_async(pool: str) -> dict[str, int]:
+    """`ready_workers`, read on the event loop."""
+    return _only_ready(await _ready_script_call(get_async_redis(), pool))
 
 
 def worker_alive(name: str) -> bool:

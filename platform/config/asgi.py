@@ -1,12 +1,17 @@
 """ASGI entry point: what gunicorn's uvicorn workers serve (`config.asgi:application`, named in
 deploy/gunicorn.conf.py)."""
 
+import asyncio
+import contextlib
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 import django  # noqa: E402
-from django.core.handlers.asgi import ASGIHandler  # noqa: E402
+from django.core import signals  # noqa: E402
+from django.core.exceptions import RequestAborted  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
+from django.urls import set_script_prefix  # noqa: E402
 
 # Requests whose thread-sensitive calls run on asgiref's process-wide sync thread (see below).
 THREADLESS_PREFIX = "/v1/"
@@ -38,11 +43,21 @@ class PlatformASGIHandler(ASGIHandler):
 
 
 class InferenceASGIHandler(ASGIHandler):
-    """Serves /v1/* behind settings.INFERENCE_MIDDLEWARE instead of settings.MIDDLEWARE.
+    """Serves /v1/* behind settings.INFERENCE_MIDDLEWARE instead of settings.MIDDLEWARE, and sends
+    request_started and request_finished on the event loop.
 
     The inference views use no session, user, message or CSRF token, and each of Django's own
     middleware classes runs its hooks through a sync thread: two thread hops per class and
-    request, a fifth of a web process's CPU under load, for nothing this API uses."""
+    request, a fifth of a web process's CPU under load, for nothing this API uses.
+
+    Django's own `handle` also sends request_started and closes the response (which sends
+    request_finished) through the sync thread: two more hops per request, each a thread wake-up and
+    an interpreter-lock hand-over while the loop relays other streams. Their receivers (Django's
+    close_old_connections, reset_queries, close_caches) act on what the calling thread opened, and
+    the inference API opens no database connection on the event loop (its ORM work runs on gateway
+    threads, which give their connection back after each call: gateway/offload.py), so here they
+    run on the loop, where they find nothing to do. Otherwise `handle` is Django 5.2's.
+    """
 
     def load_middleware(self, is_async=False):
         # Django builds the chain from settings.MIDDLEWARE; this runs once, when the process starts.
@@ -52,6 +67,51 @@ class InferenceASGIHandler(ASGIHandler):
             super().load_middleware(is_async=is_async)
         finally:
             settings.MIDDLEWARE = full
+
+    async def handle(self, scope, receive, send):
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            body_file.close()
+            await self.send_response(error_response, send)
+            error_response.close()
+            return
+        response = await self._respond_unless_disconnected(request, receive, send)
+        if response is None:
+            signals.request_finished.send(sender=self.__class__)
+        else:
+            response.close()
+        body_file.close()
+
+    async def _respond_unless_disconnected(self, request, receive, send):
+        """Get and send the response while listening for the client's disconnect, which cancels the
+        view (as Django does); the response, or None if it was cancelled."""
+
+        async def process_request():
+            response = await self.run_get_response(request)
+            with contextlib.suppress(asyncio.CancelledError):  # the client left during the send
+                await self.send_response(response, send)
+            return response
+
+        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)), asyncio.create_task(process_request())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            else:
+                with contextlib.suppress(RequestAborted):
+                    task.result()
+        try:
+            return tasks[1].result()
+        except asyncio.CancelledError:
+            return None
 
 
 # What django.core.asgi.get_asgi_application() does, with the handler above, behind the request body

@@ -25,9 +25,7 @@ from django.conf import settings
 
 from catalog.models import ServedModel
 from catalog.readiness import heartbeat_cutoff as _heartbeat_cutoff
-from catalog.readiness import only_ready as _only_ready
-from catalog.readiness import ready_workers
-from catalog.readiness import state_reads as _state_reads
+from catalog.readiness import ready_workers, ready_workers_async
 from config.redis_client import REDIS_UNAVAILABLE, get_async_redis, get_redis
 from gateway.errors import ServiceUnavailable
 from gateway.offload import run_blocking
@@ -227,15 +225,6 @@ async def _final_usage(key: str, after_id: str) -> Usage | None:
     return None
 
 
-async def _ready_workers_async(pool: str) -> dict[str, int]:
-    """`ready_workers`, read on the event loop."""
-    redis = get_async_redis()
-    fresh = await redis.zrangebyscore(protocol.pool_workers_key(pool), _heartbeat_cutoff(), "+inf")
-    if not fresh:
-        return {}
-    return _only_ready(fresh, await _state_reads(redis.pipeline(transaction=False), fresh).execute())
-
-
 async def _worker_alive_async(name: str) -> bool:
     """`worker_alive`, read on the event loop."""
     redis = get_async_redis()
@@ -258,7 +247,7 @@ async def _check_stalled(request: RequestInput, model: ServedModel, progress: _P
 async def _check_unstarted(request: RequestInput, model: ServedModel, progress: _Progress) -> Failed | None:
     """A request with no start entry yet: still queued, or claimed by a worker that has to start it."""
     now = time.monotonic()
-    if now >= progress.queue_deadline or not await _ready_workers_async(model.pool) or await _routed_to_lost(request):
+    if now >= progress.queue_deadline or not await ready_workers_async(model.pool) or await _routed_to_lost(request):
         if await _take_back(request):
             return Failed("No worker took the request in time; try again later.", "no_worker_available")
     claimer, queued = await _claim_state(request.request_id)

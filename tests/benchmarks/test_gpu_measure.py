@@ -104,6 +104,17 @@ def test_drive_keeps_clients_sending_while_the_next_request_fits_in_the_level():
     assert len(once) == 2  # every client sends at least one request
 
 
+def test_drive_with_counts_sends_exactly_that_many_requests_per_client_whatever_the_time():
+    import asyncio
+
+    async def one(i, n):
+        return measure.RequestRecord(0.0, 0.1, 0.2, 1)
+
+    records, _, errors = asyncio.run(measure.drive(3, 0, one, counts=[2, 1, 4]))
+    assert errors == []
+    assert sorted(r.client for r in records) == [0, 0, 1, 2, 2, 2, 2]
+
+
 def test_drive_counts_a_failed_request_and_ends_that_client():
     import asyncio
 
@@ -292,3 +303,28 @@ def test_a_levels_later_turns_get_prompts_of_their_own_and_both_sides_the_same()
     assert seeds[0] == seeds[1] == 7 and seeds[2] == seeds[3] != 7
     first, again = (measure.prompt(seeds[i] + 32, 0, 0) for i in (0, 3))
     assert first != again
+
+
+def _records(per_client: list[int]) -> list:
+    return [measure.RequestRecord(0.0, 0.1, 0.2, 1, client=i) for i, sent in enumerate(per_client) for _ in range(sent)]
+
+
+def test_the_later_turns_of_a_stream_count_send_what_its_first_turn_sent(tmp_path):
+    """Timed turns let the sides of a level differ by a whole wave of requests: only the first turn
+    of a stream count is timed, the others (either side's) send as many requests per client."""
+    (tmp_path / measure.TURN_ORDER_FILE).write_text(json.dumps(measure.turn_order(["platform", "bare"], 2)))
+    first = measure.Turns(tmp_path, "platform", tmp_path / "gpu.lock")
+    second = measure.Turns(tmp_path, "bare", tmp_path / "gpu.lock")
+
+    assert first.request_counts(4) is None  # the first turn at 4 streams is timed
+    first.keep_request_counts(4, _records([2, 2, 1, 3]))
+    assert second.request_counts(4) == [2, 2, 1, 3]
+    second.keep_request_counts(4, _records([1, 1, 1, 1]))  # a later turn sets nothing
+    assert first.request_counts(4) == [2, 2, 1, 3]
+    assert second.request_counts(8) is None  # another stream count has its own first turn
+
+
+def test_without_a_turn_order_every_level_is_timed(tmp_path):
+    turns = measure.Turns(tmp_path, "h200", tmp_path / "gpu.lock")
+    turns.keep_request_counts(4, _records([2, 2, 1, 3]))
+    assert turns.request_counts(4) is None

@@ -3,6 +3,7 @@ rides out a Redis restart mid-stream, and stops a request whose client went away
 
 import asyncio
 import json
+import threading
 import time
 
 import pytest
@@ -288,6 +289,7 @@ async def _asgi_get(app, path: str) -> tuple[int, dict[bytes, bytes]]:
     await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
     start = await communicator.receive_output(timeout=60)
     await communicator.receive_output(timeout=60)  # the body
+    await communicator.wait(timeout=60)  # the handler's end (the response's close)
     return start["status"], dict(start["headers"])
 
 
@@ -319,3 +321,43 @@ def test_the_inference_api_passes_through_none_of_djangos_own_middleware(monkeyp
 
     asyncio.run(_asgi_get(app, "/console/login/"))
     assert hooks == ["SecurityMiddleware /console/login/", "SessionMiddleware /console/login/"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_inference_api_sends_the_request_signals_on_the_event_loop():
+    """Django sends request_started and request_finished (the response's close) through its sync
+    thread: two thread hops per request. The inference API sends them on the event loop; the console
+    keeps Django's way."""
+    from django.core import signals
+
+    from config.asgi import PlatformASGIHandler
+
+    threads: list[tuple[str, str]] = []
+
+    def started(sender, **kwargs):
+        threads.append(("started", threading.current_thread().name))
+
+    def finished(sender, **kwargs):
+        threads.append(("finished", threading.current_thread().name))
+
+    signals.request_started.connect(started)
+    signals.request_finished.connect(finished)
+    try:
+        app = PlatformASGIHandler()
+
+        async def served(path: str) -> tuple[int, str]:
+            status, _ = await _asgi_get(app, path)
+            return status, threading.current_thread().name
+
+        status, loop_thread = asyncio.run(served("/v1/models"))
+        assert status == 401
+        assert threads == [("started", loop_thread), ("finished", loop_thread)]
+
+        threads.clear()
+        status, loop_thread = asyncio.run(served("/console/login/"))
+        assert status == 200
+        assert [name for name, _ in threads] == ["started", "finished"]
+        assert all(thread != loop_thread for _, thread in threads)
+    finally:
+        signals.request_started.disconnect(started)
+        signals.request_finished.disconnect(finished)
