@@ -4,7 +4,8 @@ a transport that takes waves of tasks and keeps one client object per channel.
 ``task_message``: the gateway sends one Celery task per inference request; it builds the message
 with Celery and pushes it in the same MULTI/EXEC as the request's input (gateway/dispatch.py
 ``enqueue``) instead of through ``send_task``, whose producer machinery cost ~0.5 ms of CPU and a
-round trip of its own per request.
+round trip of its own per request. The headers Celery derives from its configuration per message
+(expiry, argument reprs, sender) are handed in ready: 20 µs per message instead of 70 (2026-12-03).
 
 ``Transport``: kombu's Redis transport with two changes.
 
@@ -29,11 +30,15 @@ Selected by ``broker_transport`` in workers/celery_app.py.
 """
 
 import base64
+import datetime
+import functools
 import json
+import os
 import uuid
 from collections.abc import Callable
 from queue import Empty
 
+from celery.utils.nodenames import anon_nodename
 from kombu.transport import redis as kombu_redis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
@@ -95,6 +100,12 @@ def take_waves(free_slots: Callable[[], int]) -> None:
     Channel.free_slots = staticmethod(free_slots)
 
 
+@functools.cache
+def _origin(pid: int) -> str:
+    """The sender's name Celery puts in a task's headers (it names the process: one per pid)."""
+    return anon_nodename()
+
+
 def task_message(app, name: str, *, task_id: str, args: list, queue: str, expires: float) -> str:
     """The message ``app.send_task(name, args=args, task_id=task_id, queue=queue, expires=expires)``
     would push onto ``queue``'s list, to push in a pipeline of the caller's (``LPUSH queue message``).
@@ -106,10 +117,15 @@ def task_message(app, name: str, *, task_id: str, args: list, queue: str, expire
     inference request on the gateway's hot path. tests/workers/test_broker.py holds this equal to
     what ``send_task`` pushes.
     """
-    # ignore_result None, as send_task sends it: the task's own setting applies.
+    # ignore_result None, as send_task sends it: the task's own setting applies. The headers that
+    # Celery would derive through a configuration lookup or two each (the expiry in the app's
+    # timezone, the argument reprs, the sender's name) come from cheaper sources, the same values:
+    # a task's args are ids (workers/tasks.py), short enough that Celery's saferepr is their repr.
+    expiry = (datetime.datetime.now(app.timezone) + datetime.timedelta(seconds=expires)).isoformat()
     message = app.amqp.as_task_v2(
-        task_id, name, args=args, expires=expires, reply_to=app.thread_oid, ignore_result=None
-    )
+        task_id, name, args=args, expires=expiry, reply_to=app.thread_oid, ignore_result=None,
+        argsrepr=repr(args), kwargsrepr="{}", origin=_origin(os.getpid()),
+    )  # fmt: skip
     body = base64.b64encode(json.dumps(message.body).encode()).decode()
     properties = dict(
         message.properties,

@@ -1,6 +1,7 @@
 """The gateway pushes its inference tasks itself (workers/broker.py `task_message`): what it pushes
 must be what Celery's own `send_task` pushes, so that a Celery worker runs it the same way."""
 
+import datetime
 import json
 import os
 
@@ -36,6 +37,12 @@ def test_the_gateways_task_message_is_the_one_send_task_pushes(redis_client):
     celerys = _pushed_by_send_task(redis_client)
     assert _without_per_call_fields(ours) == _without_per_call_fields(celerys)
     assert ours["properties"]["delivery_tag"] != celerys["properties"]["delivery_tag"]
+    # The expiry: the same time (30 s from now, in the app's timezone), written the same way.
+    our_expiry, celerys_expiry = (
+        datetime.datetime.fromisoformat(message["headers"]["expires"]) for message in (ours, celerys)
+    )
+    assert our_expiry.utcoffset() == celerys_expiry.utcoffset()
+    assert abs((our_expiry - celerys_expiry).total_seconds()) < 5
 
 
 def test_each_message_has_its_own_delivery_tag():
