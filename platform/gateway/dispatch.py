@@ -108,17 +108,26 @@ def await_worker(model: ServedModel) -> dict[str, int]:
     )
 
 
+# How long a request's input outlives its queue deadline. A live gateway takes its request back at
+# the deadline (`_take_back`); an input still there this much later belongs to a gateway that died,
+# and its expiry makes a worker that takes the task late find nothing to run (the claim finds no
+# input). This is the task's expiry: Celery's own (`expires`) costs the worker's consumer thread,
+# which takes a wave of tasks one after the other, a configuration lookup and a date parse per
+# message (~40 µs, measured 2026-12-03).
+INPUT_TTL_AFTER_QUEUE_DEADLINE_SECONDS = 60
+
+
 def enqueue(request: RequestInput, model: ServedModel) -> None:
     """Store the request's input and its reader lease and send its Celery task, in one MULTI/EXEC:
     a worker never sees a task without its input, and the hot path pays one round trip."""
     request.routed_to = _adapter_holder(request, model.pool) or ""
     queue = protocol.worker_queue_name(request.routed_to) if request.routed_to else model.queue
     message = task_message(
-        celery_app, "workers.generate", task_id=request.request_id, args=[request.request_id], queue=queue,
-        expires=settings.QUEUE_TIMEOUT_SECONDS,
-    )  # fmt: skip
+        celery_app, "workers.generate", task_id=request.request_id, args=[request.request_id], queue=queue
+    )
+    input_ttl = settings.QUEUE_TIMEOUT_SECONDS + INPUT_TTL_AFTER_QUEUE_DEADLINE_SECONDS
     pipe = get_redis().pipeline(transaction=True)
-    pipe.set(protocol.input_key(request.request_id), request.dumps(), ex=protocol.REQUEST_TTL)
+    pipe.set(protocol.input_key(request.request_id), request.dumps(), px=int(input_ttl * 1000))
     pipe.set(protocol.reader_key(request.request_id), 1, ex=int(protocol.READER_LEASE_SECONDS))
     pipe.lpush(queue, message)
     pipe.execute()

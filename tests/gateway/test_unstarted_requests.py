@@ -172,3 +172,29 @@ def test_a_request_no_worker_claimed_is_taken_back_at_the_queue_timeout(redis_cl
     assert isinstance(failure, Failed) and failure.code == "no_worker_available"
     assert not redis_client.exists(protocol.input_key(request.request_id))
     assert _pending_usage(redis_client, request).status == "cancelled"
+
+
+def test_a_queued_requests_input_expires_after_its_queue_deadline_so_a_late_task_runs_nothing(
+    redis_client, short_bounds
+):
+    """The task itself carries no expiry (Celery would parse one per message on the worker's consumer
+    thread): the request's input outlives the gateway's queue deadline by a margin, then expires, and
+    a worker that takes the task after that claims nothing."""
+    import json
+
+    short_bounds.QUEUE_TIMEOUT_SECONDS = 0.2
+    request = RequestInput(request_id=f"req-{time.monotonic_ns()}", model="tiny-bounds", prompt_token_ids=[2, 3],
+                           params={}, tenant_id=7, key_id=9, enqueued_at=time.time())  # fmt: skip
+    redis_client.delete(protocol.queue_name(POOL))
+    dispatch.enqueue(request, _model())
+
+    (message,) = redis_client.lrange(protocol.queue_name(POOL), 0, -1)
+    assert json.loads(message)["headers"]["expires"] is None
+    ttl_ms = redis_client.pttl(protocol.input_key(request.request_id))
+    deadline_ms = 1000 * (0.2 + dispatch.INPUT_TTL_AFTER_QUEUE_DEADLINE_SECONDS)
+    assert deadline_ms - 5000 < ttl_ms <= deadline_ms
+    redis_client.pexpire(protocol.input_key(request.request_id), 1)  # what that much later looks like
+    while redis_client.exists(protocol.input_key(request.request_id)):
+        time.sleep(0.01)
+    assert claim_request(redis_client, request.request_id, "worker@pod-a#late") is None
+    redis_client.delete(protocol.queue_name(POOL))
