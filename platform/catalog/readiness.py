@@ -30,7 +30,7 @@ return rows
 """
 
 
-def _only_ready(rows: list[list[str | None]]) -> dict[str, int]:
+def _only_ready(rows: list[list]) -> dict[str, int]:
     """The ready workers among the script's rows (name, state, slots), each with its slots (0: none)."""
     return {name: int(slots or 0) for name, state, slots in rows if state == "ready"}
 
