@@ -68,8 +68,7 @@ async def _one_request(engine, request_id: str, prompt: list[int], sampling, lor
 
 
 async def run_level(engine, name: str, streams: int, seconds: float, seed: int, high: int, sampling,
-                    max_requests: int | None = None, loras: list | None = None,
-                    turns: measure.Turns | None = None):  # fmt: skip
+                    loras: list | None = None, turns: measure.Turns | None = None):  # fmt: skip
     """One level; with ``loras``, client i sends every request with ``loras[i % len(loras)]``; with
     ``turns``, as many requests per client as the stream count's first turn (``Turns.request_counts``)."""
 
@@ -79,7 +78,7 @@ async def run_level(engine, name: str, streams: int, seconds: float, seed: int, 
         return await _one_request(engine, f"{name}-{streams}-{i}-{n}", prompt, sampling, lora)
 
     counts = turns.request_counts(streams) if turns is not None else None
-    records, started, errors = await measure.drive(streams, seconds, one, max_requests, counts)
+    records, started, errors = await measure.drive(streams, seconds, one, counts)
     if turns is not None:
         turns.keep_request_counts(streams, records)
     if errors:
@@ -145,7 +144,7 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                 if hot:  # one short request per adapter: all of them loaded before the level starts
                     loaded = time.monotonic()
                     await run_level(engine, f"{name}-load{index}", len(hot), 0, seed + 2, high, warm,
-                                    max_requests=1, loras=hot)  # fmt: skip
+                                    loras=hot)  # fmt: skip
                     load_s = round(time.monotonic() - loaded, 2)
                 # Adapter levels (and a level's later turns) share a stream count: prompts of their own,
                 # or the prefix cache would hand a later level the earlier one's prefills.
@@ -180,8 +179,7 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                 await asyncio.to_thread(turns.wait, index)
                 try:
                     if index == 0:
-                        await run_level(engine, f"{name}-warmup", WARMUP_REQUESTS, 0, seed + 1, high, warm,
-                                        max_requests=1)  # fmt: skip
+                        await run_level(engine, f"{name}-warmup", WARMUP_REQUESTS, 0, seed + 1, high, warm)
                     result["levels"].append(await measure_level(index, streams, count))
                 finally:
                     turns.done(index)

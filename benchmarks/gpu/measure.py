@@ -92,11 +92,10 @@ def prompt(seed: int, stream: int, index: int, length: int = PROMPT_TOKENS, high
 
 
 async def drive(streams: int, seconds: float, one_request: Callable[[int, int], Awaitable[RequestRecord]],
-                max_requests: int | None = None, counts: list[int] | None = None,
-                ) -> tuple[list[RequestRecord], float, list[str]]:  # fmt: skip
+                counts: list[int] | None = None) -> tuple[list[RequestRecord], float, list[str]]:  # fmt: skip
     """Run ``streams`` clients for about ``seconds``: client ``i`` awaits ``one_request(i, n)`` for
     n = 0, 1, ... and starts another only while ``elapsed + its last request's duration`` stays within
-    ``seconds`` (every client sends at least one; at most ``max_requests`` each). With ``counts``,
+    ``seconds`` (every client sends at least one: ``seconds`` 0 is one each). With ``counts``,
     client ``i`` sends exactly ``counts[i]`` requests instead, whatever the time. A request that
     raises is counted as an error and ends that client. Returns (records, start time, error texts)."""
     records: list[RequestRecord] = []
@@ -107,7 +106,7 @@ async def drive(streams: int, seconds: float, one_request: Callable[[int, int], 
         if counts is not None:
             return sent < counts[i]
         now = time.perf_counter()
-        return (max_requests is None or sent < max_requests) and now - started + (now - last_started) <= seconds
+        return now - started + (now - last_started) <= seconds
 
     async def client(i: int) -> None:
         n = 0

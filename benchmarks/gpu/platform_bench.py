@@ -174,7 +174,7 @@ async def _one_request(session, url: str, key: str, prompt: list[int], max_token
 
 
 async def run_level(base: str, key: str, streams: int, seconds: float, seed: int, high: int, max_tokens: int,
-                    max_requests: int | None = None, counts: list[int] | None = None):  # fmt: skip
+                    counts: list[int] | None = None):  # fmt: skip
     import aiohttp
 
     url = f"{base}/v1/completions"
@@ -185,7 +185,7 @@ async def run_level(base: str, key: str, streams: int, seconds: float, seed: int
         async def one(i: int, n: int) -> measure.RequestRecord:
             return await _one_request(session, url, key, measure.prompt(seed + streams, i, n, high=high), max_tokens)
 
-        records, started, errors = await measure.drive(streams, seconds, one, max_requests, counts)
+        records, started, errors = await measure.drive(streams, seconds, one, counts)
     result = measure.summarize(streams, records, started, errors=len(errors))
     return result, errors[:5], records
 
@@ -246,7 +246,7 @@ def _warm_up(stack: Stack, key: str, args) -> dict:
     serves one before the clock runs (the gateway loads the tokenizer on a process's first request,
     seconds for a 262k vocabulary, holding up that process)."""
     warm_level, _, _ = asyncio.run(run_level(stack.base, key, max(args.levels), 0, args.seed + 1,
-                                             args.prompt_id_high, plan.WARMUP_TOKENS, max_requests=1))  # fmt: skip
+                                             args.prompt_id_high, plan.WARMUP_TOKENS))  # fmt: skip
     return warm_level.to_dict()
 
 

@@ -4,6 +4,7 @@ Read by admission (a pool's fair-share capacity, quotas/fairshare.py) and by the
 (wait for a ready worker, detect a lost one), which re-exports these names.
 """
 
+import functools
 import time
 
 from django.conf import settings
@@ -35,21 +36,26 @@ def _only_ready(rows: list[list]) -> dict[str, int]:
     return {name: int(slots or 0) for name, state, slots in rows if state == "ready"}
 
 
-def _ready_script_call(client, pool: str):
-    """The script's call on `client` (sync: its rows; async: an awaitable of them)."""
-    script = client.register_script(_READY_SCRIPT)
-    return script(keys=[protocol.pool_workers_key(pool)], args=[heartbeat_cutoff(), protocol.worker_key("")])
+@functools.cache
+def _ready_script():
+    # Built once per process (its hash computed once): a request's admission calls it, on the
+    # client get_redis() gives at the time.
+    return get_redis().register_script(_READY_SCRIPT)
+
+
+def _script_args(pool: str) -> dict:
+    return {"keys": [protocol.pool_workers_key(pool)], "args": [heartbeat_cutoff(), protocol.worker_key("")]}
 
 
 def ready_workers(pool: str) -> dict[str, int]:
     """The pool's workers that heartbeat recently and have a ready engine, each with its slots
     (its Celery concurrency, 0 if it reports none): one read serves dispatch and fair share."""
-    return _only_ready(_ready_script_call(get_redis(), pool))
+    return _only_ready(_ready_script()(**_script_args(pool), client=get_redis()))
 
 
 async def ready_workers_async(pool: str) -> dict[str, int]:
-    """`ready_workers`, read on the event loop."""
-    return _only_ready(await _ready_script_call(get_async_redis(), pool))
+    """`ready_workers`, read on the event loop (the client is the loop's own)."""
+    return _only_ready(await get_async_redis().register_script(_READY_SCRIPT)(**_script_args(pool)))
 
 
 def worker_alive(name: str) -> bool:
