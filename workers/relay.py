@@ -38,6 +38,7 @@ from config.redis_client import REDIS_UNAVAILABLE
 from workers import protocol
 from workers.adapters import AdapterResolver
 from workers.choices import Choice, compact_logprobs
+from workers.claims import ClaimBatcher
 from workers.engine import EngineHost, RequestRejected
 from workers.images import decode_images
 from workers.protocol import RequestInput, Usage
@@ -185,8 +186,9 @@ class RelayedRequest:
 class EventRelay:
     """Relays the requests of one engine into Redis (see the module docstring).
 
-    ``run`` is thread-safe and returns a future that completes once the request's done entry and
-    usage are in Redis. ``client`` is a ``redis.asyncio`` client used only on the engine's loop.
+    ``claim_and_run`` and ``run`` are thread-safe and return a future that completes once the
+    request's done entry and usage are in Redis. ``client`` is a ``redis.asyncio`` client used only
+    on the engine's loop (the relay's writes and the worker's claims, workers/claims.py).
     """
 
     def __init__(
@@ -201,6 +203,7 @@ class EventRelay:
     ) -> None:
         self.engine, self.client, self.worker = engine, client, worker
         self.adapters = adapters or AdapterResolver()
+        self.claims = ClaimBatcher(client, worker)
         self.flush_interval = flush_interval
         self.flush_events_per_second = flush_events_per_second
         self.tokens_total = 0  # completion tokens relayed, for the heartbeat's tokens/s
@@ -221,6 +224,12 @@ class EventRelay:
         """Start the flusher and the cancel watcher on the engine's (running) loop."""
         asyncio.run_coroutine_threadsafe(self._start(), self._loop()).result(timeout=30)
 
+    def claim_and_run(self, rid: str) -> concurrent.futures.Future:
+        """Claim request ``rid`` and run it. The future's result: False if there was nothing to claim
+        (the gateway took the request back, or another worker claimed it), else True once the
+        request's end is written to Redis."""
+        return asyncio.run_coroutine_threadsafe(self._claim_and_serve(rid), self._loop())
+
     def run(self, request: RequestInput) -> concurrent.futures.Future:
         """Start a claimed request; the future completes when its end is written to Redis."""
         return asyncio.run_coroutine_threadsafe(self._serve(request), self._loop())
@@ -239,6 +248,13 @@ class EventRelay:
             asyncio.create_task(self._flush_forever(), name="relay-flush"),
             asyncio.create_task(self._watch_cancels(), name="relay-cancels"),
         ]
+
+    async def _claim_and_serve(self, rid: str) -> bool:
+        raw = await self.claims.claim(rid)
+        if raw is None:
+            return False
+        await self._serve(RequestInput.loads(raw))
+        return True
 
     async def _serve(self, request: RequestInput) -> None:
         usage = Usage(
@@ -423,8 +439,8 @@ def _raise_unless_written(error: redis.ResponseError) -> None:
 
 
 def relay_client(url: str, *, max_connections: int = 4) -> redis.asyncio.Redis:
-    """The relay's Redis client: a small bounded pool (one flush and one cancel check at a time)
-    whose callers wait for a connection rather than fail."""
+    """The relay's Redis client: a small bounded pool (one flush, one cancel check and one batch of
+    claims at a time) whose callers wait for a connection rather than fail."""
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         url, decode_responses=True, health_check_interval=30, max_connections=max_connections, timeout=20
     )

@@ -20,13 +20,11 @@ from django.conf import settings
 
 from config.env import env_float
 from config.heap import freeze_startup_heap
-from config.redis_client import REDIS_UNAVAILABLE
 from workers import protocol
 from workers.adapters import held_field
 from workers.broker import take_waves
 from workers.celery_app import app
 from workers.engine import EngineHost
-from workers.protocol import RequestInput
 from workers.relay import EventRelay, relay_client
 from workers.threadpools import prestart_threads
 
@@ -36,52 +34,14 @@ HEARTBEAT_SECONDS = 2.0
 # How long a worker's heartbeat record outlives its last beat; the pool's heartbeat set forgets a
 # worker gone this long (each process start is a new identity, so a restarted one never comes back).
 WORKER_RECORD_SECONDS = 3600
-# How long claiming a request (taking its input) is retried through a Redis outage.
-REDIS_RETRY_SECONDS = 30.0
-# Connections the worker's synchronous Redis client keeps beyond one per task thread (heartbeat,
-# drain, stop); a thread that finds all busy waits up to REDIS_POOL_WAIT_SECONDS for one.
-REDIS_SPARE_CONNECTIONS = 8
+# Connections of the worker's synchronous Redis client (heartbeat, drain, stop: the task threads make
+# no Redis call, workers/claims.py); a caller that finds all busy waits up to REDIS_POOL_WAIT_SECONDS.
+REDIS_CONNECTIONS = 8
 REDIS_POOL_WAIT_SECONDS = 20
 
 
 def _env_number(name: str, default: float, high: float) -> float:
     return env_float(name, default, minimum=0, maximum=high)
-
-
-def _through_outage(call, *, seconds: float, what: str):
-    """``call()``, retried with backoff while Redis is unreachable, for at most ``seconds``.
-
-    redis-py retries a command on a connection it already has, but not a failure to get one (a
-    server that is restarting resets new connections), so a task claiming a request while Redis
-    restarts would otherwise fail and leave the request unclaimed until the gateway gives it up.
-    """
-    deadline = time.monotonic() + seconds
-    pause = 0.05
-    while True:
-        try:
-            return call()
-        except REDIS_UNAVAILABLE:
-            if time.monotonic() + pause > deadline:
-                raise
-            log.warning("Redis unreachable while %s; retrying in %.2fs", what, pause)
-            time.sleep(pause)
-            pause = min(pause * 2, 2.0)
-
-
-# Takes a request's input and records who took it, atomically: a request whose input is gone always
-# names its claimer, whose heartbeat the gateway then watches until the request starts.
-_CLAIM_SCRIPT = """
-local raw = redis.call('GETDEL', KEYS[1])
-if raw then redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2]) end
-return raw
-"""
-
-
-def claim_request(client: redis.Redis, rid: str, worker: str) -> str | None:
-    """Claim request ``rid`` for ``worker`` (its identity): its input, or None if the gateway took it
-    back (or another worker claimed it) first."""
-    claim = client.register_script(_CLAIM_SCRIPT)
-    return claim(keys=[protocol.input_key(rid), protocol.claim_key(rid)], args=[worker, protocol.REQUEST_TTL])
 
 
 def _flush_interval_seconds() -> float:
@@ -101,14 +61,14 @@ def _flush_events_per_second() -> float:
     return _env_number("WORKER_FLUSH_EVENTS_PER_SECOND", 250, 1_000_000)
 
 
-def _worker_redis(slots: int) -> redis.Redis:
-    """The worker's synchronous client: a bounded pool sized from the task threads, whose callers
-    wait for a connection (a burst never gets "Too many connections")."""
+def _worker_redis() -> redis.Redis:
+    """The worker's synchronous client: a bounded pool whose callers wait for a connection (never
+    "Too many connections")."""
     pool = redis.BlockingConnectionPool.from_url(
         settings.REDIS_URL,
         decode_responses=True,
         health_check_interval=30,
-        max_connections=max(slots, 1) + REDIS_SPARE_CONNECTIONS,
+        max_connections=REDIS_CONNECTIONS,
         timeout=REDIS_POOL_WAIT_SECONDS,
     )
     return redis.Redis(connection_pool=pool)
@@ -117,8 +77,9 @@ def _worker_redis(slots: int) -> redis.Redis:
 class WorkerRuntime:
     """One GPU worker: its engine, the relay of its requests into Redis, heartbeat and drain.
 
-    ``run_request`` runs in a Celery task thread: it claims the request and waits (doing nothing
-    per token) until the relay has written its end. ``slots`` is the worker's Celery concurrency:
+    ``run_request`` runs in a Celery task thread: it hands the request to the engine's loop, which
+    claims it (workers/claims.py) and relays it, and waits (doing nothing per token) until the relay
+    has written its end. ``slots`` is the worker's Celery concurrency:
     the requests it runs at once, which the gateway's fair share counts on. ``node`` is the Celery
     node name (the destination of remote control); ``name``, the identity everything in Redis
     carries (heartbeat, claims, start entries, usage), is drawn anew for each process start.
@@ -134,7 +95,7 @@ class WorkerRuntime:
         self.pool = pool
         self.slots = slots
         self.pod = os.environ.get("POD_NAME") or socket.gethostname()
-        self.redis = _worker_redis(slots)
+        self.redis = _worker_redis()
         self.engine = engine or EngineHost(model_path, profile=profile, served_model_name=model)
         self.relay = EventRelay(
             self.engine,
@@ -247,24 +208,16 @@ class WorkerRuntime:
 
     # -- requests ----------------------------------------------------------------------------
     def run_request(self, rid: str) -> None:
-        """Claim the request and wait until the relay has written its end (and usage) to Redis."""
-        # Claim the request by taking its input: if the gateway already gave up, it deleted the
-        # input (and recorded the request itself), so there is nothing to do. A claim whose reply was
-        # lost to an outage reads as None when retried: the gateway ends that request at its
-        # claim-to-start bound (WORKER_START_TIMEOUT_SECONDS).
-        raw = _through_outage(
-            lambda: claim_request(self.redis, rid, self.name), seconds=REDIS_RETRY_SECONDS, what=f"claiming {rid}"
-        )
-        if raw is None:
-            return
+        """Claim the request and wait until the relay has written its end (and usage) to Redis.
+
+        If the gateway already gave up, it deleted the input (and recorded the request itself), so
+        the claim finds nothing to run. Counted in flight from before the claim: a drain that sees
+        nothing in flight must not let the pod stop before the last stream has its end."""
         with self._lock:
             self._in_flight += 1
         try:
-            # Claimed: the relay brings it to its done entry, through a Redis outage too.
-            self.relay.run(RequestInput.loads(raw)).result()
+            self.relay.claim_and_run(rid).result()
         finally:
-            # Only after the done entry is written: a drain that sees nothing in flight must not
-            # let the pod stop before the last stream has its end.
             with self._lock:
                 self._in_flight -= 1
 

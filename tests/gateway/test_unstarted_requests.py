@@ -1,9 +1,9 @@
 """Every request the gateway relays ends within a bound, even when a worker took it and never
 started it (gateway/dispatch.py `relay`).
 
-The test plays the worker's part over Redis (workers/protocol.py), with the worker's own claim
-(`workers.serving.claim_request`), and drives the gateway's relay on a short keep-alive interval.
-A relay that never ends fails the test at HUNG_AFTER seconds.
+The test plays the worker's part over Redis (workers/protocol.py), with the worker's own claim script
+(workers/claims.py, through `tests.claiming`), and drives the gateway's relay on a short keep-alive
+interval. A relay that never ends fails the test at HUNG_AFTER seconds.
 """
 
 import asyncio
@@ -15,9 +15,9 @@ import pytest
 from catalog.models import ServedModel
 from gateway import dispatch
 from gateway.dispatch import Done, Failed
+from tests.claiming import claim_request
 from workers import protocol
 from workers.protocol import RequestInput, Usage
-from workers.serving import claim_request
 
 POOL = "bounds"
 HUNG_AFTER = 20.0

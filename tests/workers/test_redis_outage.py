@@ -1,4 +1,4 @@
-"""A worker's Redis calls wait out an outage: claiming a request (workers/serving.py `_through_outage`)
+"""A worker's Redis calls wait out an outage: claiming requests (workers/claims.py `through_outage`)
 and the relay's writes (workers/relay.py), which a lost reply never doubles."""
 
 import asyncio
@@ -7,43 +7,77 @@ import os
 import pytest
 import redis
 
-from workers import protocol, serving
+from workers import claims, protocol
+from workers.claims import ClaimBatcher
 from workers.protocol import RequestInput, Usage
 from workers.relay import EventRelay, RelayedRequest, relay_client
 
 
-def _flaky(failures: int):
+def _flaky(failures: int, result="written"):
     calls = []
 
-    def call():
+    async def call():
         calls.append(1)
         if len(calls) <= failures:
             raise redis.ConnectionError("Error while reading from 127.0.0.1:6379 : (104, 'Connection reset by peer')")
-        return "written"
+        return result
 
     return call, calls
 
 
-def test_a_write_is_retried_until_redis_is_back(monkeypatch):
-    monkeypatch.setattr(serving.time, "sleep", lambda seconds: None)
+@pytest.mark.asyncio
+async def test_a_claim_is_retried_until_redis_is_back(monkeypatch):
+    monkeypatch.setattr(claims, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
     call, calls = _flaky(failures=3)
-    assert serving._through_outage(call, seconds=30, what="testing") == "written"
+    assert await claims.through_outage(call, seconds=30, what="testing") == "written"
     assert len(calls) == 4
 
 
-def test_a_write_gives_up_after_its_bound():
+@pytest.mark.asyncio
+async def test_a_claim_gives_up_after_its_bound():
     call, calls = _flaky(failures=10**6)
     with pytest.raises(redis.ConnectionError):
-        serving._through_outage(call, seconds=0.2, what="testing")
+        await claims.through_outage(call, seconds=0.2, what="testing")
     assert 2 <= len(calls) < 10  # backed off, not spun
 
 
-def test_other_errors_are_not_retried():
-    def call():
+@pytest.mark.asyncio
+async def test_other_errors_are_not_retried():
+    async def call():
         raise redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
 
     with pytest.raises(redis.ResponseError):
-        serving._through_outage(call, seconds=30, what="testing")
+        await claims.through_outage(call, seconds=30, what="testing")
+
+
+@pytest.mark.asyncio
+async def test_claims_asked_for_during_an_outage_are_made_once_redis_is_back(redis_client, monkeypatch):
+    monkeypatch.setattr(claims, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
+    redis_client.set(protocol.input_key("cmpl-outage"), "{}")
+    real, failures = claims.claim_requests, []
+
+    async def claim_after_an_outage(client, rids, worker):
+        if len(failures) < 3:
+            failures.append(1)
+            raise redis.ConnectionError("Connection refused")
+        return await real(client, rids, worker)
+
+    monkeypatch.setattr(claims, "claim_requests", claim_after_an_outage)
+    client = relay_client(os.environ["REDIS_URL"])
+    try:
+        batcher = ClaimBatcher(client, "w-test")
+        inputs = await asyncio.wait_for(asyncio.gather(batcher.claim("cmpl-outage"), batcher.claim("cmpl-gone")), 30)
+        assert inputs == ["{}", None]
+        # An outage past the bound: the claim fails (its task with it) rather than waiting forever.
+        batcher.retry_seconds = 0
+        failures.clear()
+        with pytest.raises(redis.ConnectionError):
+            await asyncio.wait_for(batcher.claim("cmpl-other"), 30)
+    finally:
+        await client.aclose()
+
+    assert redis_client.get(protocol.claim_key("cmpl-outage")) == "w-test"
+    assert batcher.batches == 1
 
 
 class _ReplyLostOnce:

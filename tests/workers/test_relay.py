@@ -170,7 +170,7 @@ def test_a_burst_on_a_worker_with_default_settings_never_runs_out_of_redis_conne
 ):
     """300 requests through 160 task threads (a Celery worker with --concurrency 160): redis-py's
     default pool (100 connections) raised "Too many connections" here when each thread relayed its
-    own request."""
+    own request. Now the threads make no Redis call: the engine's loop claims and relays for them."""
     from workers.serving import WorkerRuntime
 
     slots = 160
@@ -191,11 +191,27 @@ def test_a_burst_on_a_worker_with_default_settings_never_runs_out_of_redis_conne
         asyncio.run_coroutine_threadsafe(runtime.relay.stop(), engine_host.loop).result(timeout=30)
 
     assert runtime.in_flight == 0
-    assert runtime.redis.connection_pool.max_connections >= slots
+    assert {redis_client.get(protocol.claim_key(request.request_id)) for request in requests} == {runtime.name}
     pending = redis_client.hgetall(protocol.LEDGER_PENDING)
     for request in requests:
         usage = Usage.loads(pending[request.request_id])
         assert (usage.status, usage.completion_tokens, usage.worker) == ("ok", 4, runtime.name)
+
+
+def test_a_task_whose_request_the_gateway_took_back_runs_nothing(engine_host, redis_client):
+    from workers.serving import WorkerRuntime
+
+    runtime = WorkerRuntime(
+        node="w-late", model="tiny-gemma4", model_path="unused", pool="tiny", profile="cpu", slots=4, engine=engine_host
+    )
+    runtime.relay.start()
+    try:
+        runtime.run_request("cmpl-taken-back")  # no input: the gateway deleted it when it gave up
+    finally:
+        asyncio.run_coroutine_threadsafe(runtime.relay.stop(), engine_host.loop).result(timeout=30)
+
+    assert runtime.in_flight == 0 and runtime.relay.claims.batches == 1
+    assert not redis_client.exists(protocol.events_key("cmpl-taken-back"), protocol.claim_key("cmpl-taken-back"))
 
 
 def test_each_of_n_choices_is_relayed_with_its_index_logprobs_and_finish_reason(relay, chat_prompt_ids, redis_client):
