@@ -33,8 +33,8 @@ app.conf.update(
     # in an "unacked" hash and delete it again on the ack, two round trips per task and most of
     # the consumer's own work per message (docs/benchmarks.md), only to redeliver a message whose
     # worker died before acknowledging it. Tasks are acknowledged on receipt, and the gateway
-    # already ends a request no worker starts (workers/serving.py `claim_request`), so nothing
-    # here wants a redelivery.
+    # already ends a request no worker starts (gateway/dispatch.py), so nothing here wants a
+    # redelivery.
     broker_transport_options={"ack_emulation": False},
     # kombu's Redis transport, reusing one client per channel for publishing (workers/broker.py).
     broker_transport="workers.broker:Transport",

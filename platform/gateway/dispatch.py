@@ -284,7 +284,7 @@ async def _routed_to_lost(request: RequestInput) -> bool:
 
 async def _claim_state(request_id: str) -> tuple[str | None, bool]:
     """(the recorded claimer, whether the input is still queued), read together: the worker's claim
-    takes the input and records the claimer in one script (workers/serving.py `claim_request`)."""
+    takes the input and records the claimer in one script (workers/claims.py)."""
     pipe = get_async_redis().pipeline(transaction=True)
     pipe.get(protocol.claim_key(request_id))
     pipe.exists(protocol.input_key(request_id))
