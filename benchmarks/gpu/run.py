@@ -229,8 +229,8 @@ def write_out(out: Path, results: list[dict]) -> str:
     measure.write_json(out / "results.json", data)
     (out / "report.md").write_text(text + "\n")
     with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        for path in sorted(LOGS.glob("*.log")):
-            tar.add(path, arcname=path.name)
+        for path in sorted(LOGS.glob("*.log")) + sorted(LOGS.glob("profiles/*.txt")):
+            tar.add(path, arcname=str(path.relative_to(LOGS)))
     return text
 
 
