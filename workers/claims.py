@@ -17,23 +17,16 @@ thread that is still taking the rest of the wave.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import redis.asyncio
 
-from config.redis_client import REDIS_UNAVAILABLE
+from config.redis_client import through_outage
 from workers import protocol
 
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-# How long a batch of claims is retried through a Redis outage.
+# How long a batch of claims is retried through a Redis outage. A claim whose reply was lost reads
+# as None when retried (its input is gone): the gateway ends that request at its claim-to-start
+# bound (WORKER_START_TIMEOUT_SECONDS).
 REDIS_RETRY_SECONDS = 30.0
-OUTAGE_BACKOFF_SECONDS = (0.05, 2.0)
 
 # KEYS: input and claim key of each request, in pairs; ARGV: the worker's identity, the claim's TTL.
 # One reply per request: its input, or nil (Lua false) where there was none to take.
@@ -58,28 +51,6 @@ async def claim_requests(client: redis.asyncio.Redis, rids: list[str], worker: s
     the gateway took it back (or another worker claimed it) first."""
     claim = client.register_script(CLAIM_SCRIPT)
     return list(await claim(keys=claim_keys(rids), args=[worker, protocol.REQUEST_TTL]))
-
-
-async def through_outage(call: Callable[[], Awaitable[T]], *, seconds: float, what: str) -> T:
-    """``await call()``, retried with backoff while Redis is unreachable, for at most ``seconds``.
-
-    redis-py retries a command on a connection it already has, but not a failure to get one (a
-    server that is restarting resets new connections), so a claim made while Redis restarts would
-    otherwise fail and leave its requests unclaimed until the gateway gives them up. A claim whose
-    reply was lost reads as None when retried: the gateway ends that request at its claim-to-start
-    bound (WORKER_START_TIMEOUT_SECONDS).
-    """
-    deadline = time.monotonic() + seconds
-    pause, longest = OUTAGE_BACKOFF_SECONDS
-    while True:
-        try:
-            return await call()
-        except REDIS_UNAVAILABLE:
-            if time.monotonic() + pause > deadline:
-                raise
-            log.warning("Redis unreachable while %s; retrying in %.2fs", what, pause)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, longest)
 
 
 class ClaimBatcher:

@@ -34,7 +34,7 @@ import time
 import redis
 import redis.asyncio
 
-from config.redis_client import REDIS_UNAVAILABLE
+from config.redis_client import REDIS_UNAVAILABLE, through_outage
 from workers import protocol
 from workers.adapters import AdapterResolver
 from workers.choices import Choice, compact_logprobs
@@ -51,7 +51,6 @@ FLUSH_INTERVAL_CAP_SECONDS = 0.25
 # How long a flush is retried through a Redis outage (a restart, a failover) before its usage
 # entries are logged for an operator to replay and its requests are let go.
 USAGE_RETRY_SECONDS = 600.0
-OUTAGE_BACKOFF_SECONDS = (0.05, 2.0)
 
 Entry = tuple[str, dict]
 
@@ -354,25 +353,23 @@ class EventRelay:
 
     async def _execute(self, writes: list[tuple[RelayedRequest, list[Entry]]]) -> bool:
         """Run the batch's pipeline until Redis takes it; False if it stayed unreachable."""
-        deadline = time.monotonic() + USAGE_RETRY_SECONDS
-        pause, longest = OUTAGE_BACKOFF_SECONDS
-        while True:
+
+        async def execute() -> list:
             pipe = self.client.pipeline(transaction=True)
             for job, entries in writes:
                 _queue_writes(pipe, job, entries)
-            try:
-                results = await pipe.execute(raise_on_error=False)
-            except REDIS_UNAVAILABLE:
-                if time.monotonic() + pause > deadline:
-                    return False
-                log.warning("relay: Redis unreachable; retrying %d request(s) in %.2fs", len(writes), pause)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, longest)
-                continue
-            for result in results:
-                if isinstance(result, redis.ResponseError):
-                    _raise_unless_written(result)
-            return True
+            return await pipe.execute(raise_on_error=False)
+
+        try:
+            results = await through_outage(
+                execute, seconds=USAGE_RETRY_SECONDS, what=f"relaying {len(writes)} request(s)"
+            )
+        except REDIS_UNAVAILABLE:
+            return False
+        for result in results:
+            if isinstance(result, redis.ResponseError):
+                _raise_unless_written(result)
+        return True
 
     def _release(self, jobs: list[RelayedRequest], error: BaseException | None = None) -> None:
         for job in jobs:

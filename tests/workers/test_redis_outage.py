@@ -1,5 +1,6 @@
-"""A worker's Redis calls wait out an outage: claiming requests (workers/claims.py `through_outage`)
-and the relay's writes (workers/relay.py), which a lost reply never doubles."""
+"""A worker's Redis calls wait out an outage (config/redis_client.py `through_outage`): claiming
+requests (workers/claims.py) and the relay's writes (workers/relay.py), which a lost reply never
+doubles."""
 
 import asyncio
 import os
@@ -7,6 +8,8 @@ import os
 import pytest
 import redis
 
+from config import redis_client as clients
+from config.redis_client import through_outage
 from workers import claims, protocol
 from workers.claims import ClaimBatcher
 from workers.protocol import RequestInput, Usage
@@ -26,18 +29,18 @@ def _flaky(failures: int, result="written"):
 
 
 @pytest.mark.asyncio
-async def test_a_claim_is_retried_until_redis_is_back(monkeypatch):
-    monkeypatch.setattr(claims, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
+async def test_a_call_is_retried_until_redis_is_back(monkeypatch):
+    monkeypatch.setattr(clients, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
     call, calls = _flaky(failures=3)
-    assert await claims.through_outage(call, seconds=30, what="testing") == "written"
+    assert await through_outage(call, seconds=30, what="testing") == "written"
     assert len(calls) == 4
 
 
 @pytest.mark.asyncio
-async def test_a_claim_gives_up_after_its_bound():
+async def test_a_call_gives_up_after_its_bound():
     call, calls = _flaky(failures=10**6)
     with pytest.raises(redis.ConnectionError):
-        await claims.through_outage(call, seconds=0.2, what="testing")
+        await through_outage(call, seconds=0.2, what="testing")
     assert 2 <= len(calls) < 10  # backed off, not spun
 
 
@@ -47,12 +50,12 @@ async def test_other_errors_are_not_retried():
         raise redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
 
     with pytest.raises(redis.ResponseError):
-        await claims.through_outage(call, seconds=30, what="testing")
+        await through_outage(call, seconds=30, what="testing")
 
 
 @pytest.mark.asyncio
 async def test_claims_asked_for_during_an_outage_are_made_once_redis_is_back(redis_client, monkeypatch):
-    monkeypatch.setattr(claims, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
+    monkeypatch.setattr(clients, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
     redis_client.set(protocol.input_key("cmpl-outage"), "{}")
     real, failures = claims.claim_requests, []
 
@@ -106,9 +109,7 @@ class _ReplyLostOnce:
 
 @pytest.mark.asyncio
 async def test_a_flush_retried_after_its_reply_was_lost_is_written_once(redis_client, monkeypatch):
-    from workers import relay as relay_module
-
-    monkeypatch.setattr(relay_module, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
+    monkeypatch.setattr(clients, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
     relay = EventRelay(
         None, _ReplyLostOnce(relay_client(os.environ["REDIS_URL"])), worker="w-test",
         flush_interval=0.02, flush_events_per_second=0,
