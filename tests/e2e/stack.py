@@ -187,9 +187,12 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict, attempts: int = 5)
     The engine is paused except while it makes the request's first tokens: left running, it can
     finish a short request before a client on a loaded machine has read the first line, and the
     client then leaves a request that already ended; paused throughout, the worker stops the request
-    before it generated anything, and there is nothing to bill. Even the short run can finish the
-    request when this process gets no CPU for seconds (a busy 2-core machine): such an attempt is
-    seen by its done entry and repeated with a new request, once the finished one is settled.
+    before it generated anything, and there is nothing to bill. It stays paused after the client
+    left until the worker has ended the request (its done entry): resumed as soon as the gateway had
+    set the cancel key, it generated all 1,500 tokens of a request before the worker, slowed by a CPU
+    hog, saw that key (CI, 2026-12-03). Even the short run can finish the request when this
+    process gets no CPU for seconds (a busy 2-core machine): such an attempt is seen by its done
+    entry and repeated with a new request, once the finished one is settled.
     """
     import redis
 
@@ -221,8 +224,10 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict, attempts: int = 5)
                 finished_before_leaving = relayed("done", request_id)()
             if not finished_before_leaving:
                 # The gateway notices the client is gone at once (the server reads the closed
-                # connection), at the latest at its next keep-alive write.
+                # connection), at the latest at its next keep-alive write; the worker then aborts
+                # the request (its cancel check) and writes its end, all with the engine paused.
                 wait_until(cancelled(request_id), "the gateway never cancelled the request", 60)
+                wait_until(relayed("done", request_id), "the worker never ended the cancelled request", 60)
                 return headers
         # Its usage settled (and its concurrency slot given back) before the next attempt is admitted.
         wait_usage_row(request_id)
