@@ -14,7 +14,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import redis
-from celery.signals import celeryd_after_setup, worker_ready, worker_shutting_down
+from celery.concurrency import thread as thread_pool
+from celery.signals import celeryd_after_setup, worker_init, worker_ready, worker_shutting_down
 from celery.worker import state as worker_state
 from django.conf import settings
 
@@ -26,6 +27,7 @@ from workers.broker import take_waves
 from workers.celery_app import app
 from workers.engine import EngineHost
 from workers.relay import EventRelay, relay_client
+from workers.requestpool import RequestPool, hand_off
 from workers.threadpools import prestart_threads
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,8 @@ WORKER_RECORD_SECONDS = 3600
 # no Redis call, workers/claims.py); a caller that finds all busy waits up to REDIS_POOL_WAIT_SECONDS.
 REDIS_CONNECTIONS = 8
 REDIS_POOL_WAIT_SECONDS = 20
+# Celery's loggers of each task's receipt and success (`_serve_requests_in_slots`).
+PER_TASK_LOGGERS = ("celery.worker.strategy", "celery.app.trace")
 
 
 def _env_number(name: str, default: float, high: float) -> float:
@@ -77,9 +81,10 @@ def _worker_redis() -> redis.Redis:
 class WorkerRuntime:
     """One GPU worker: its engine, the relay of its requests into Redis, heartbeat and drain.
 
-    ``run_request`` runs in a Celery task thread: it hands the request to the engine's loop, which
-    claims it (workers/claims.py) and relays it, and waits (doing nothing per token) until the relay
-    has written its end. ``slots`` is the worker's Celery concurrency:
+    ``run_request`` is the body of a request's Celery task: it hands the request to the engine's
+    loop, which claims it (workers/claims.py) and relays it; the task's slot stays taken until the
+    relay has written its end, with no thread waiting for it (workers/requestpool.py). ``slots`` is
+    the worker's Celery concurrency:
     the requests it runs at once, which the gateway's fair share counts on. ``node`` is the Celery
     node name (the destination of remote control); ``name``, the identity everything in Redis
     carries (heartbeat, claims, start entries, usage), is drawn anew for each process start.
@@ -208,18 +213,26 @@ class WorkerRuntime:
 
     # -- requests ----------------------------------------------------------------------------
     def run_request(self, rid: str) -> None:
-        """Claim the request and wait until the relay has written its end (and usage) to Redis.
+        """Hand the request to the engine's loop, which claims and relays it, and, unless the task's
+        pool takes the wait over (workers/requestpool.py), wait until its end (and usage) is in Redis.
 
         If the gateway already gave up, it deleted the input (and recorded the request itself), so
-        the claim finds nothing to run. Counted in flight from before the claim: a drain that sees
-        nothing in flight must not let the pod stop before the last stream has its end."""
+        the claim finds nothing to run. Counted in flight from before the claim until its end: a
+        drain that sees nothing in flight must not let the pod stop before the last stream has its end."""
         with self._lock:
             self._in_flight += 1
         try:
-            self.relay.claim_and_run(rid).result()
-        finally:
-            with self._lock:
-                self._in_flight -= 1
+            ended = self.relay.claim_and_run(rid)
+        except BaseException:
+            self._request_ended()
+            raise
+        ended.add_done_callback(self._request_ended)
+        if not hand_off(ended):
+            ended.result()
+
+    def _request_ended(self, _ended: object = None) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
 
 _runtime: WorkerRuntime | None = None
@@ -261,15 +274,34 @@ def _start_engine(sender, instance, **kwargs) -> None:
         raise SystemExit(3) from exc
 
 
+@worker_init.connect
+def _serve_requests_in_slots(sender, **kwargs) -> None:
+    """Before Celery builds its pool and consumer, in a worker that serves a model:
+
+    - started with the threads pool, it runs its requests' tasks in `RequestPool`, the threads pool
+      less a thread per request (workers/requestpool.py);
+    - at log level INFO, Celery's "received" and "succeeded" lines for each task are left out: two
+      log records per request, written on the consumer's thread that every request's hand-off waits
+      on, thousands a minute at full batch, where the ledger already keeps a row per request.
+      Failures are still logged; at DEBUG everything is."""
+    if not os.environ.get("SERVED_MODEL"):
+        return
+    if sender.pool_cls in ("threads", thread_pool.TaskPool):
+        sender.pool_cls = RequestPool
+    if sender.loglevel > logging.DEBUG:
+        for name in PER_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(max(sender.loglevel, logging.WARNING))
+
+
 @worker_ready.connect
 def _prestart_task_threads(sender, **kwargs) -> None:
     """Start every thread of the threads pool before the first task (see workers/threadpools.py):
     a burst of requests would otherwise start them one by one, stalling the consumer and the engine."""
     pool = getattr(sender, "pool", None)
-    executor = getattr(pool, "executor", None)  # only the threads pool has one
+    executor = getattr(pool, "executor", None)  # only the threads pools have one
     if isinstance(executor, ThreadPoolExecutor):
-        prestart_threads(executor, pool.limit)
-        log.info("worker %s: started its %d task threads", sender.hostname, pool.limit)
+        prestart_threads(executor, executor._max_workers)
+        log.info("worker %s: started its %d task threads", sender.hostname, executor._max_workers)
 
 
 @worker_ready.connect

