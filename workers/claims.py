@@ -6,12 +6,11 @@ always names its claimer, whose heartbeat the gateway then watches until the req
 request whose input is already gone (the gateway took it back, or its input expired after the queue
 deadline) is not run.
 
-The claims are made on the engine's event loop, not by the Celery task threads: every claim asked
-for while one batch is on its way to Redis goes in the next, as one script call for all of them. A
-wave of tasks (clients of one level that ended together) costs one round trip instead of one per
-task, and a task thread makes no Redis call of its own: it wakes once to hand its request id to the
-loop and once at the request's end, so it does not take the interpreter lock from the consumer
-thread that is still taking the rest of the wave.
+The claims are made on the engine's event loop, not by the Celery tasks: every claim asked for while
+one batch is on its way to Redis goes in the next, as one script call for all of them. A wave of
+tasks (clients of one level that ended together) costs one round trip instead of one per task, and
+a task makes no Redis call of its own: it hands its request id to the loop and returns
+(workers/requestpool.py), so the consumer's thread takes the rest of the wave without waiting on Redis.
 """
 
 from __future__ import annotations

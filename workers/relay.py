@@ -5,8 +5,9 @@ Each request's outputs arrive on the engine's event loop (``EngineHost.submit`` 
 requests produced since its last pass into a single pipelined MULTI/EXEC: the start, delta, error
 and done entries of every request it touched, the done entries' usage in ``ledger:pending``. So the
 relay's cost is one Redis round trip per flush, whatever the number of requests, and no thread
-wakes up per request or per token: the Celery task thread that claimed a request only waits for
-its done entry (it stays the unit of dispatch, acknowledgement and drain).
+wakes up per request or per token: the Celery task that handed a request over holds its slot, but
+no thread, until the done entry is written (workers/requestpool.py; it stays the unit of dispatch,
+acknowledgement and drain).
 
 Coalescing: a request's first text and its end are written at once (with nothing else), the rest
 at most once per interval, for all requests together. The interval grows with the requests in

@@ -36,7 +36,7 @@ HEARTBEAT_SECONDS = 2.0
 # How long a worker's heartbeat record outlives its last beat; the pool's heartbeat set forgets a
 # worker gone this long (each process start is a new identity, so a restarted one never comes back).
 WORKER_RECORD_SECONDS = 3600
-# Connections of the worker's synchronous Redis client (heartbeat, drain, stop: the task threads make
+# Connections of the worker's synchronous Redis client (heartbeat, drain, stop: the request tasks make
 # no Redis call, workers/claims.py); a caller that finds all busy waits up to REDIS_POOL_WAIT_SECONDS.
 REDIS_CONNECTIONS = 8
 REDIS_POOL_WAIT_SECONDS = 20
