@@ -49,7 +49,14 @@ graceful_timeout = _int("GUNICORN_GRACEFUL_TIMEOUT", 30)
 # The cost: a restarted process's share of new connections waits in its socket's backlog while it
 # boots. GUNICORN_REUSE_PORT=0: the shared socket.
 reuse_port = _flag("GUNICORN_REUSE_PORT", True)
-keepalive = _int("GUNICORN_KEEPALIVE", 5)
+# How long an idle keep-alive connection stays open (uvicorn's timeout_keep_alive). Longer than the
+# idle timeout of the proxies in front (60 s for AWS's ALB and for ingress-nginx's upstream
+# connections), so that the proxy, not this server, closes an idle connection: a server that closes
+# it races the next request the proxy or client sends on it, which then fails as a disconnected
+# connection before it reaches the gateway. With 5 s, a GPU bench turn at 512 streams lost 10 of 768
+# requests to "Server disconnected" (2026-12-04), most likely so: its clients reuse pooled
+# connections, some left idle for seconds while the engine was full.
+keepalive = _int("GUNICORN_KEEPALIVE", 75)
 backlog = _int("GUNICORN_BACKLOG", 2048)
 # Recycle workers now and then (with jitter, so not all at once) to bound slow leaks; 0 = never.
 max_requests = _int("GUNICORN_MAX_REQUESTS", 0)
