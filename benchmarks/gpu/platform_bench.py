@@ -41,8 +41,8 @@ POOL = "gpu"
 TENANT = "bench"
 PROFILE = "h200"  # the default; --profile cpu runs the same path on a CPU machine (tests)
 # Open streams hold no web thread (ASGI); 8 web processes spread the relay's CPU work and admit a
-# wave of requests (BENCH_WEB_CONCURRENCY to choose; 12 admitted a 128-request wave more slowly on the
-# 16-core H200 machine, their CPU shared with the engine's process, the worker and the client: docs/gpu.md).
+# wave of requests (BENCH_WEB_CONCURRENCY to choose; 12 admitted no faster on the 16-core H200
+# machine, where they share the CPUs with the engine's process, the worker and the client: docs/gpu.md).
 # The worker's Celery concurrency: its request slots (a slot holds no thread, workers/requestpool.py);
 # recorded as "worker_threads" in the result files.
 WEB_CONCURRENCY = int(os.environ.get("BENCH_WEB_CONCURRENCY") or 8)
