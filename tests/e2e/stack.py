@@ -201,9 +201,6 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict, attempts: int = 5)
 
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
 
-    def relayed(kind: str, request_id: str):
-        return lambda: any(f["t"] == kind for _, f in client.xrange(protocol.events_key(request_id)))
-
     def cancelled(request_id: str):
         return lambda: client.exists(protocol.cancel_key(request_id))
 
@@ -218,21 +215,29 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict, attempts: int = 5)
                 headers, request_id = response.headers, response.headers["x-request-id"]
                 lines = response.iter_lines()  # held: a dropped line iterator closes the connection
                 next(line for line in lines if line.startswith("data: {"))  # the role chunk
-                wait_until(relayed("start", request_id), "the worker never took the request")
+                wait_until(relayed(client, "start", request_id), "the worker never took the request")
                 with engine.resumed():
-                    wait_until(relayed("delta", request_id), "the engine generated nothing")
-                finished_before_leaving = relayed("done", request_id)()
+                    wait_until(relayed(client, "delta", request_id), "the engine generated nothing")
+                finished_before_leaving = relayed(client, "done", request_id)()
             if not finished_before_leaving:
                 # The gateway notices the client is gone at once (the server reads the closed
                 # connection), at the latest at its next keep-alive write; the worker then aborts
                 # the request (its cancel check) and writes its end, all with the engine paused.
                 wait_until(cancelled(request_id), "the gateway never cancelled the request", 60)
-                wait_until(relayed("done", request_id), "the worker never ended the cancelled request", 60)
+                wait_until(relayed(client, "done", request_id), "the worker never ended the cancelled request", 60)
                 return headers
         # Its usage settled (and its concurrency slot given back) before the next attempt is admitted.
         wait_usage_row(request_id)
         wait_until(settled(request_id), "the finished request was never settled")
     raise AssertionError(f"the engine finished the request before the client left, {attempts} times")
+
+
+def relayed(client, kind: str, request_id: str):
+    """A condition for `wait_until`: the request's event stream in Redis holds an entry of `kind`
+    (start, delta, done, error)."""
+    from workers import protocol
+
+    return lambda: any(fields["t"] == kind for _, fields in client.xrange(protocol.events_key(request_id)))
 
 
 def wait_until(condition, what: str, timeout: float = 30) -> None:
