@@ -215,10 +215,7 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict, attempts: int = 5)
                 headers, request_id = response.headers, response.headers["x-request-id"]
                 lines = response.iter_lines()  # held: a dropped line iterator closes the connection
                 next(line for line in lines if line.startswith("data: {"))  # the role chunk
-                wait_until(relayed(client, "start", request_id), "the worker never took the request")
-                with engine.resumed():
-                    wait_until(relayed(client, "delta", request_id), "the engine generated nothing")
-                finished_before_leaving = relayed(client, "done", request_id)()
+                finished_before_leaving = run_to_first_tokens(engine, client, request_id)
             if not finished_before_leaving:
                 # The gateway notices the client is gone at once (the server reads the closed
                 # connection), at the latest at its next keep-alive write; the worker then aborts
@@ -238,6 +235,16 @@ def relayed(client, kind: str, request_id: str):
     from workers import protocol
 
     return lambda: any(fields["t"] == kind for _, fields in client.xrange(protocol.events_key(request_id)))
+
+
+def run_to_first_tokens(engine: PausedEngine, client, request_id: str) -> bool:
+    """With `engine` paused: wait for its worker to take the request, let the engine run until the
+    request's first tokens are relayed, pause it again. True when the request ended all the same (a
+    test process starved for seconds lets the engine finish a long request meanwhile)."""
+    wait_until(relayed(client, "start", request_id), "the worker never took the request")
+    with engine.resumed():
+        wait_until(relayed(client, "delta", request_id), "the engine generated nothing")
+    return relayed(client, "done", request_id)()
 
 
 def wait_until(condition, what: str, timeout: float = 30) -> None:

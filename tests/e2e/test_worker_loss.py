@@ -9,7 +9,7 @@ import httpx
 import pytest
 import redis
 
-from tests.e2e.stack import ROOT, PausedEngine, engine_processes, relayed, wait_until, wait_usage_row
+from tests.e2e.stack import ROOT, PausedEngine, engine_processes, run_to_first_tokens, wait_usage_row
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -62,10 +62,7 @@ def _stream_and_kill_the_worker(stack, key: str) -> tuple[list[str], float] | No
         assert response.status_code == 200
         request_id = response.headers["x-request-id"]
         lines = response.iter_lines()  # held: a dropped line iterator closes the connection
-        wait_until(relayed(client, "start", request_id), "the worker never took the request")
-        with engine.resumed():
-            wait_until(relayed(client, "delta", request_id), "the engine generated nothing")
-        if relayed(client, "done", request_id)():
+        if run_to_first_tokens(engine, client, request_id):
             engine.resume()
             for _ in lines:  # the rest of the stream: the gateway records its usage after the last frame
                 pass
