@@ -13,6 +13,8 @@ from django.core.exceptions import RequestAborted  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix  # noqa: E402
 from django.urls import set_script_prefix  # noqa: E402
 
+from config.streaming import FinalPart  # noqa: E402
+
 # Requests whose thread-sensitive calls run on asgiref's process-wide sync thread (see below).
 THREADLESS_PREFIX = "/v1/"
 
@@ -56,7 +58,8 @@ class InferenceASGIHandler(ASGIHandler):
     close_old_connections, reset_queries, close_caches) act on what the calling thread opened, and
     the inference API opens no database connection on the event loop (its ORM work runs on gateway
     threads, which give their connection back after each call: gateway/offload.py), so here they
-    run on the loop, where they find nothing to do. Otherwise `handle` is Django 5.2's.
+    run on the loop, where they find nothing to do. Otherwise `handle` is Django 5.2's, and so is
+    `send_response`, but for a streamed response's last part (config/streaming.py).
     """
 
     def load_middleware(self, is_async=False):
@@ -88,6 +91,23 @@ class InferenceASGIHandler(ASGIHandler):
             response.close()
         body_file.close()
 
+    async def send_response(self, response, send):
+        """Django's, except that a streamed response's FinalPart goes out in the message that ends
+        the body (config/streaming.py), not followed by an empty one."""
+        if not response.streaming:
+            return await super().send_response(response, send)
+        headers = [(_encoded(name, "ascii"), _encoded(value, "latin1")) for name, value in response.items()]
+        headers += [(b"Set-Cookie", c.output(header="").encode("ascii").strip()) for c in response.cookies.values()]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        async with contextlib.aclosing(aiter(response)) as content:
+            async for part in content:
+                final = isinstance(part, FinalPart)
+                for chunk, last in self.chunk_bytes(part):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not (final and last)})
+                if final:
+                    return
+        await send({"type": "http.response.body"})
+
     async def _respond_unless_disconnected(self, request, receive, send):
         """Get and send the response while listening for the client's disconnect, which cancels the
         view (as Django does); the response, or None if it was cancelled."""
@@ -112,6 +132,10 @@ class InferenceASGIHandler(ASGIHandler):
             return tasks[1].result()
         except asyncio.CancelledError:
             return None
+
+
+def _encoded(value: str | bytes, encoding: str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode(encoding)
 
 
 # What django.core.asgi.get_asgi_application() does, with the handler above, behind the request body

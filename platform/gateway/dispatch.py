@@ -170,8 +170,12 @@ def _held(info: dict) -> list[str]:
     return (info.get("adapters") or "").split(",")
 
 
-async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delta | Done | Failed | Idle]:
-    """Yield the request's events until Done or Failed. The caller must call `abandon` if it stops early."""
+Event = Delta | Done | Failed | Idle
+
+
+async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[list[Event]]:
+    """Yield the request's events until Done or Failed, those of one read together (the SSE writer
+    sends them in one write). The caller must call `abandon` if it stops early."""
     key = protocol.events_key(request.request_id)
     progress = _Progress(queue_deadline=time.monotonic() + settings.QUEUE_TIMEOUT_SECONDS)
     lease = _ReaderLease(request.request_id)
@@ -179,33 +183,43 @@ async def relay(request: RequestInput, model: ServedModel) -> AsyncIterator[Delt
         async for batch in batches:
             if batch is None:
                 progress.quiet_through_outage()
-                yield Idle()
+                yield [Idle()]
                 continue
             await lease.renew_if_due()
             if not batch:
                 failure = await _check_stalled(request, model, progress)
+                yield [failure or Idle()]
                 if failure is not None:
-                    yield failure
                     return
-                yield Idle()
                 continue
             progress.last_event = time.monotonic()
-            for entry_id, fields in batch:
-                kind = fields["t"]
-                if kind == "delta":
-                    tokens = int(fields["n"])
-                    progress.seen_tokens += tokens
-                    logprobs = json.loads(fields["l"]) if "l" in fields else None
-                    yield Delta(fields["x"], tokens, int(fields.get("i", 0)), logprobs)
-                elif kind == "start":
-                    progress.worker = fields["w"]
-                elif kind == "done":
-                    yield Done(Usage.loads(fields["u"]), json.loads(fields["c"]) if "c" in fields else None)
-                    return
-                elif kind == "error":
-                    # The worker also writes a done event with the usage; wait for it (bounded).
-                    yield Failed(fields["m"], fields["c"], await _final_usage(key, entry_id))
-                    return
+            events, last = await _events(key, batch, progress)
+            if events:
+                yield events
+            if last:
+                return
+
+
+async def _events(key: str, batch: list, progress: _Progress) -> tuple[list[Event], bool]:
+    """The events of one read's stream entries, and whether they hold the request's last one."""
+    events: list[Event] = []
+    for entry_id, fields in batch:
+        kind = fields["t"]
+        if kind == "delta":
+            tokens = int(fields["n"])
+            progress.seen_tokens += tokens
+            logprobs = json.loads(fields["l"]) if "l" in fields else None
+            events.append(Delta(fields["x"], tokens, int(fields.get("i", 0)), logprobs))
+        elif kind == "start":
+            progress.worker = fields["w"]
+        elif kind == "done":
+            events.append(Done(Usage.loads(fields["u"]), json.loads(fields["c"]) if "c" in fields else None))
+            return events, True
+        elif kind == "error":
+            # The worker also writes a done event with the usage; wait for it (bounded).
+            events.append(Failed(fields["m"], fields["c"], await _final_usage(key, entry_id)))
+            return events, True
+    return events, False
 
 
 class _ReaderLease:

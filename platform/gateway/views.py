@@ -29,6 +29,7 @@ from catalog.models import ServedModel
 from catalog.selectors import served_model_get, served_models_for
 from config.database import DatabaseUnavailable
 from config.redis_client import REDIS_UNAVAILABLE
+from config.streaming import FinalPart
 from gateway import dispatch, images, tokenization
 from gateway.auth import authenticate
 from gateway.dispatch import Delta, Done, Failed, Idle
@@ -360,22 +361,23 @@ async def _collect(job: RequestInput, model, spec: InferenceRequest) -> HttpResp
 async def _collected(job: RequestInput, model) -> tuple[list[ChoiceOutput], Usage] | Failed:
     """The request's choices (whole text, logprobs, tool calls) and usage, or its failure."""
     outputs = [ChoiceOutput() for _ in range(job.params.get("n", 1))]
-    async with aclosing(dispatch.relay(job, model)) as events:
-        async for event in events:
-            if isinstance(event, Delta):
-                output = outputs[event.index]
-                output.texts.append(event.text)
-                if event.logprobs is not None:
-                    output.logprobs = (output.logprobs or []) + event.logprobs
-            elif isinstance(event, Done):
-                for output, end in zip(outputs, event.choices or (), strict=False):
-                    output.finish_reason, output.tool_calls = end.get("finish_reason"), end.get("tool_calls")
-                if job.params.get("logprobs") is not None:
-                    for output in outputs:
-                        output.logprobs = output.logprobs or []
-                return outputs, event.usage
-            elif isinstance(event, Failed):
-                return event
+    async with aclosing(dispatch.relay(job, model)) as batches:
+        async for events in batches:
+            for event in events:
+                if isinstance(event, Delta):
+                    output = outputs[event.index]
+                    output.texts.append(event.text)
+                    if event.logprobs is not None:
+                        output.logprobs = (output.logprobs or []) + event.logprobs
+                elif isinstance(event, Done):
+                    for output, end in zip(outputs, event.choices or (), strict=False):
+                        output.finish_reason, output.tool_calls = end.get("finish_reason"), end.get("tool_calls")
+                    if job.params.get("logprobs") is not None:
+                        for output in outputs:
+                            output.logprobs = output.logprobs or []
+                    return outputs, event.usage
+                elif isinstance(event, Failed):
+                    return event
     raise AssertionError("relay ended without a final event")
 
 
@@ -410,49 +412,64 @@ class _EventStreamResponse(StreamingHttpResponse):
         self["X-Accel-Buffering"] = "no"  # no proxy buffering of the token stream
 
     async def __aiter__(self):
+        # The frames themselves: Django's own iteration would copy each into plain bytes, losing
+        # the last one's FinalPart type.
         async with aclosing(self._frames):
-            async for part in super().__aiter__():
+            async for part in self._frames:
                 yield part
 
 
 async def _stream(job: RequestInput, model, spec: InferenceRequest):
-    """The SSE frames of a streamed reply (an async generator that StreamingHttpResponse consumes).
+    """The SSE frames of a streamed reply (an async generator that StreamingHttpResponse consumes):
+    one part per read of the request's events, and its last part a `FinalPart`, which the server
+    sends with the end of the body (config/asgi.py): on one core every socket write wakes the client.
 
     A client that goes away ends it early: Django cancels the response task (CancelledError at the
     current await) or closes the generator (GeneratorExit at a yield); either way the `finally`
-    abandons the request. The usage goes into the ledger after the last frame is sent."""
+    abandons the request. A finished request's usage goes into the ledger before its last part is
+    sent, so its quota is settled by the time the client reads the end of the reply."""
     writer = ChunkWriter(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, spec.include_usage)
     # The opening chunk goes out with the first frame: one socket write fewer per request.
     opening = writer.opening(spec.n)
     finished = False
     try:
-        async with aclosing(dispatch.relay(job, model)) as events:
-            async for event in events:
-                if isinstance(event, Delta):
-                    if not (event.text or event.logprobs):
-                        continue
-                    frame = writer.delta(event.text, event.index, event.logprobs)
-                elif isinstance(event, Idle):
-                    frame = writer.keepalive()  # keeps proxies from timing the connection out
-                elif isinstance(event, Done):
+        async with aclosing(dispatch.relay(job, model)) as batches:
+            async for events in batches:
+                frames = [_frame(writer, event) for event in events]
+                part = opening + b"".join(frames)
+                if isinstance(events[-1], Done | Failed):
                     finished = True
-                    frame = writer.closing(event.usage, event.choices)
-                elif isinstance(event, Failed):
-                    finished = True
-                    frame = writer.error(_failure_error(event).body())
-                else:
-                    continue
-                yield opening + frame
-                opening = b""
+                    await _record(job)
+                    yield FinalPart(part)
+                    return
+                if part != opening:
+                    yield part
+                    opening = b""
     except REDIS_UNAVAILABLE:
         # Headers are out: end the stream with an error event rather than a cut connection. The
         # worker records the usage itself; the periodic flush writes it (no fast path without Redis).
         log.warning("request %s: Redis failed while relaying its stream", job.request_id, exc_info=True)
         interrupted = ServiceUnavailable("The token stream was interrupted; try again.", code="stream_interrupted")
-        yield opening + writer.error(interrupted.body())
-        return
+        yield FinalPart(opening + writer.error(interrupted.body()))
     finally:
         if not finished:
             await _abandon(job)
-    # Reached only after the last frame was written out.
-    await dispatch.record(job.request_id)
+
+
+def _frame(writer: ChunkWriter, event) -> bytes:
+    if isinstance(event, Delta):
+        return writer.delta(event.text, event.index, event.logprobs) if event.text or event.logprobs else b""
+    if isinstance(event, Idle):
+        return writer.keepalive()  # keeps proxies from timing the connection out
+    if isinstance(event, Done):
+        return writer.closing(event.usage, event.choices)
+    return writer.error(_failure_error(event).body())
+
+
+async def _record(job: RequestInput) -> None:
+    """The ledger's fast path for a finished stream; an unreachable Redis leaves it to the periodic
+    flush (the worker's usage entry is durable) rather than cut the reply short of its end."""
+    try:
+        await dispatch.record(job.request_id)
+    except REDIS_UNAVAILABLE:
+        log.warning("request %s: its usage is left to the periodic flush (Redis unavailable)", job.request_id)

@@ -165,7 +165,7 @@ def test_a_redis_failure_mid_stream_ends_it_with_an_error_event(monkeypatch):
     from gateway.validation import completion_request
 
     async def relay(job, model):
-        yield dispatch.Delta("Hello", 1)
+        yield [dispatch.Delta("Hello", 1)]
         raise RedisTimeoutError("Timeout reading from socket")
 
     abandoned, recorded = [], []
@@ -200,10 +200,10 @@ class _Waiting:
     async def relay(self, job, model):
         from gateway import dispatch
 
-        yield dispatch.Delta("Hello", 1)
+        yield [dispatch.Delta("Hello", 1)]
         self.waiting.set()
         await asyncio.Event().wait()
-        yield dispatch.Delta("never", 1)  # pragma: no cover
+        yield [dispatch.Delta("never", 1)]  # pragma: no cover
 
 
 def _stream_spec():
@@ -249,7 +249,7 @@ def test_a_stream_the_server_stops_consuming_abandons_its_request_at_once(monkey
 
     async def relay(job, model):
         while True:
-            yield dispatch.Delta("x", 1)
+            yield [dispatch.Delta("x", 1)]
 
     monkeypatch.setattr(dispatch, "relay", relay)
     monkeypatch.setattr(dispatch, "abandon", abandon)

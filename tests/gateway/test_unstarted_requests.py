@@ -62,10 +62,10 @@ def _final_event(request: RequestInput) -> Done | Failed:
     """The relay's last event; fails the test if the relay is still waiting after HUNG_AFTER seconds."""
 
     async def relayed():
-        async with aclosing(dispatch.relay(request, _model())) as events:
-            async for event in events:
-                if isinstance(event, Done | Failed):
-                    return event
+        async with aclosing(dispatch.relay(request, _model())) as batches:
+            async for events in batches:
+                if isinstance(events[-1], Done | Failed):
+                    return events[-1]
         raise AssertionError("the relay ended without a final event")
 
     try:

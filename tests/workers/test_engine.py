@@ -279,3 +279,20 @@ def test_a_start_failure_is_reported_with_its_cause(tmp_path, monkeypatch):
         host.start(timeout=120)
     assert host.state == "failed"
     assert host.failure
+
+
+def test_a_text_prompt_reaches_the_engine_without_a_thread_hop(engine_host, chat_prompt_ids, monkeypatch):
+    """vLLM renders a raw prompt on its renderer's thread pool, a hop per request; the host hands
+    text prompts over rendered, so the request is made on the engine's event loop."""
+    hops = []
+    executor = engine_host._engine.renderer._executor
+    submit = executor.submit
+
+    def counted(fn, /, *args, **kwargs):
+        hops.append(fn)
+        return submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(executor, "submit", counted)
+    chunks = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 4})
+    assert len(_ids(chunks)) == 4
+    assert hops == []

@@ -1,0 +1,131 @@
+"""A streamed reply costs the server one socket write per read of its events, and its last part goes
+out with the end of the body: on a busy core each write wakes the client."""
+
+import asyncio
+import json
+import time
+
+from django.http import StreamingHttpResponse
+
+from config.streaming import FinalPart
+
+
+def _job(request_id: str):
+    from workers.protocol import RequestInput
+
+    return RequestInput(request_id=request_id, model="m", prompt_token_ids=[1], params={}, tenant_id=1, key_id=1,
+                        enqueued_at=time.time())  # fmt: skip
+
+
+_MODEL = type("Model", (), {"model_id": "m"})()
+
+
+def _usage(request_id: str):
+    from workers.protocol import Usage
+
+    return Usage(request_id=request_id, tenant_id=1, key_id=1, model="m", prompt_tokens=1, completion_tokens=3,
+                 finish_reason="length")  # fmt: skip
+
+
+def test_the_events_of_one_read_are_one_part_and_the_last_part_follows_the_usage_record(monkeypatch):
+    from gateway import dispatch, views
+    from gateway.validation import chat_request
+
+    recorded = []
+
+    async def relay(job, model):
+        yield [dispatch.Delta("Hel", 1), dispatch.Delta("lo", 1)]
+        yield [dispatch.Idle()]
+        yield [dispatch.Delta("!", 1), dispatch.Done(_usage(job.request_id))]
+
+    async def record(request_id):
+        recorded.append(request_id)
+
+    monkeypatch.setattr(dispatch, "relay", relay)
+    monkeypatch.setattr(dispatch, "record", record)
+    spec = chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+
+    async def parts():
+        seen = []
+        async for part in views._stream(_job("chatcmpl-parts"), _MODEL, spec):
+            seen.append((part, list(recorded)))
+        return seen
+
+    seen = asyncio.run(parts())
+
+    assert [type(part) for part, _ in seen] == [bytes, bytes, FinalPart]
+    first, keepalive, last = (part.decode() for part, _ in seen)
+    first_events = [json.loads(line[6:]) for line in first.splitlines() if line.startswith("data: ")]
+    # The opening chunk (the assistant's role) and both deltas of the first read.
+    assert [e["choices"][0]["delta"].get("content") for e in first_events] == ["", "Hel", "lo"]
+    assert keepalive == ": keep-alive\n\n"
+    last_events = [line[6:] for line in last.splitlines() if line.startswith("data: ")]
+    assert json.loads(last_events[0])["choices"][0]["delta"]["content"] == "!"
+    assert json.loads(last_events[1])["choices"][0]["finish_reason"] == "length"
+    assert last_events[-1] == "[DONE]"
+    # Settled before the last part is handed to the server: a client that sends its next request as
+    # soon as the reply ends finds its concurrency slot free.
+    assert seen[-1][1] == ["chatcmpl-parts"]
+    assert seen[0][1] == []
+
+
+def test_a_usage_record_that_finds_redis_down_still_ends_the_reply(monkeypatch):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from gateway import dispatch, views
+    from gateway.validation import completion_request
+
+    async def relay(job, model):
+        yield [dispatch.Delta("ok", 1), dispatch.Done(_usage(job.request_id))]
+
+    async def record(request_id):
+        raise RedisConnectionError("Connection refused")
+
+    monkeypatch.setattr(dispatch, "relay", relay)
+    monkeypatch.setattr(dispatch, "record", record)
+    spec = completion_request({"model": "m", "prompt": "hi", "stream": True})
+
+    async def parts():
+        return [part async for part in views._stream(_job("cmpl-norecord"), _MODEL, spec)]
+
+    (part,) = asyncio.run(parts())
+    assert isinstance(part, FinalPart)
+    assert part.decode().endswith("data: [DONE]\n\n")  # the periodic flush settles it from the worker's entry
+
+
+async def _sent(response) -> list[dict]:
+    from config.asgi import InferenceASGIHandler
+
+    messages = []
+
+    async def send(message):
+        messages.append(message)
+
+    await InferenceASGIHandler().send_response(response, send)
+    return messages
+
+
+def test_the_inference_handler_sends_a_final_part_as_the_end_of_the_body():
+    from gateway.views import _EventStreamResponse
+
+    async def frames():
+        yield b"data: 1\n\n"
+        yield FinalPart(b"data: [DONE]\n\n")
+
+    messages = asyncio.run(_sent(_EventStreamResponse(frames())))
+
+    assert messages[0]["type"] == "http.response.start"
+    assert (b"Content-Type", b"text/event-stream") in messages[0]["headers"]
+    assert [(m["body"], m["more_body"]) for m in messages[1:]] == [(b"data: 1\n\n", True), (b"data: [DONE]\n\n", False)]
+
+
+def test_a_streamed_body_without_a_final_part_ends_with_an_empty_message():
+    async def parts():
+        yield b"a"
+        yield b"b"
+
+    messages = asyncio.run(_sent(StreamingHttpResponse(parts())))
+
+    assert [(m.get("body", b""), m.get("more_body", False)) for m in messages[1:]] == [
+        (b"a", True), (b"b", True), (b"", False)
+    ]  # fmt: skip
