@@ -321,10 +321,10 @@ def _engine_prompt(token_ids: list[int], cache_salt: Any, multi_modal_data: Mapp
 
     A text prompt goes in rendered (vLLM's ``TokensInput``: ``type`` "token"), which ``AsyncLLM``
     checks (length, vocabulary) and turns into its request on the event loop. Given the raw
-    ``{"prompt_token_ids": ...}`` form, vLLM 0.32 renders it on its renderer's thread pool: a thread
-    hop per request, a fifth of a worker's CPU samples for 1-token requests (py-spy, 2026-12-04),
-    and a wave of requests queued behind each other there. Images still need that rendering (the
-    processor expands their placeholder tokens), so they keep the raw form.
+    ``{"prompt_token_ids": ...}`` form, vLLM renders it first: 0.32 on its renderer's thread pool, a
+    thread hop per request and a fifth of a worker's CPU samples for 1-token requests (py-spy,
+    2026-12-04); 0.26 inline. Images still need that rendering (the processor expands their
+    placeholder tokens), so they keep the raw form.
     """
     if multi_modal_data:
         prompt: dict[str, Any] = {"prompt_token_ids": token_ids, "multi_modal_data": multi_modal_data}

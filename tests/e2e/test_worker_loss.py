@@ -64,7 +64,7 @@ def _stream_and_kill_the_worker(stack, key: str) -> tuple[list[str], float] | No
         lines = response.iter_lines()  # held: a dropped line iterator closes the connection
         if run_to_first_tokens(engine, client, request_id):
             engine.resume()
-            for _ in lines:  # the rest of the stream: the gateway records its usage after the last frame
+            for _ in lines:  # the rest of the stream: the gateway records its usage before the last part
                 pass
             wait_usage_row(request_id)
             return None
