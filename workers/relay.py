@@ -313,7 +313,7 @@ class EventRelay:
                 await self.flush(batch)
             except Exception as exc:  # the flusher must outlive any one batch
                 log.exception("relay: a flush of %d request(s) failed", len(batch))
-                self._release([job for job in batch if job.finished], exc)
+                self._release([job for job in batch if job.end_written], exc)
 
     def _take_batch(self) -> list[RelayedRequest]:
         """At the interval, every request with output; before it, only the urgent ones (a first text,
@@ -343,14 +343,17 @@ class EventRelay:
         writes = [(job, entries) for job, entries in writes if entries]
         if not writes:
             return
+        # The requests whose end this write carries, told now: one that ends while the write is on
+        # its way to Redis has its end in the next write, and must hold its slot (and count as in
+        # flight for a drain) until then.
+        ending = [job for job, _ in writes if job.end_written]
         delivered = await self._execute(writes)
         self.flushes += 1
         self.tokens_total += sum(int(fields.get("n", 0)) for _, entries in writes for _, fields in entries)
         if not delivered:
-            for job, _ in writes:
-                if job.finished:
-                    log.error("usage of %s NOT recorded (Redis unreachable): %s", job.rid, job.usage.dumps())
-        self._release([job for job, _ in writes if job.finished])
+            for job in ending:
+                log.error("usage of %s NOT recorded (Redis unreachable): %s", job.rid, job.usage.dumps())
+        self._release(ending)
 
     async def _execute(self, writes: list[tuple[RelayedRequest, list[Entry]]]) -> bool:
         """Run the batch's pipeline until Redis takes it; False if it stayed unreachable."""
