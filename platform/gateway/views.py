@@ -350,11 +350,11 @@ async def _collect(job: RequestInput, model, spec: InferenceRequest) -> HttpResp
         raise
     if isinstance(outcome, Failed):
         # Settled now too, as a stream that ends with an error is: the periodic flush is only the safety net.
-        await dispatch.record(job.request_id)
+        await _record(job)
         return error_response(_failure_error(outcome))
     outputs, usage = outcome
     body = completion_body(spec.kind, job.request_id, int(job.enqueued_at), model.model_id, outputs, usage)
-    await dispatch.record(job.request_id)
+    await _record(job)
     return HttpResponse(json.dumps(body), content_type="application/json")
 
 
@@ -467,8 +467,8 @@ def _frame(writer: ChunkWriter, event) -> bytes:
 
 
 async def _record(job: RequestInput) -> None:
-    """The ledger's fast path for a finished stream; an unreachable Redis leaves it to the periodic
-    flush (the worker's usage entry is durable) rather than cut the reply short of its end."""
+    """The ledger's fast path for a finished request; an unreachable Redis leaves it to the periodic
+    flush (the worker's usage entry is durable) rather than cost the client a reply it was generated."""
     try:
         await dispatch.record(job.request_id)
     except REDIS_UNAVAILABLE:

@@ -14,6 +14,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from config.redis_client import get_async_redis
 from ledger.models import UsageRecord
+from tests.gateway import relaying
 from tests.quotas.helpers import worker_reports
 
 
@@ -55,15 +56,6 @@ def _record_on_a_gateway_thread(request_id: str):
         return db.connections["default"]  # this thread's own
 
     return asyncio.run(run_blocking(record))
-
-
-def _async_append(calls: list):
-    """A stand-in for the async `dispatch.record` that notes each call."""
-
-    async def append(request_id: str) -> None:
-        calls.append(request_id)
-
-    return append
 
 
 def _record_as_the_views_do(request_id: str) -> None:
@@ -146,16 +138,6 @@ def test_redis_reads_outlast_the_gateways_blocking_reads(settings):
         assert timeout >= settings.SSE_KEEPALIVE_SECONDS + 10
 
 
-def _job(request_id: str):
-    from workers.protocol import RequestInput
-
-    return RequestInput(request_id=request_id, model="m", prompt_token_ids=[1], params={}, tenant_id=1, key_id=1,
-                        enqueued_at=time.time())  # fmt: skip
-
-
-_MODEL = type("Model", (), {"model_id": "m"})()
-
-
 async def _frames(stream) -> str:
     return b"".join([part async for part in stream]).decode()
 
@@ -176,11 +158,11 @@ def test_a_redis_failure_mid_stream_ends_it_with_an_error_event(monkeypatch):
 
     monkeypatch.setattr(dispatch, "relay", relay)
     monkeypatch.setattr(dispatch, "abandon", abandon)
-    monkeypatch.setattr(dispatch, "record", _async_append(recorded))
-    job = _job("cmpl-cut")
+    monkeypatch.setattr(dispatch, "record", relaying.async_append(recorded))
+    job = relaying.job("cmpl-cut")
     spec = completion_request({"model": "m", "prompt": "hi", "stream": True})
 
-    frames = asyncio.run(_frames(views._stream(job, _MODEL, spec)))
+    frames = asyncio.run(_frames(views._stream(job, relaying.MODEL, spec)))
 
     events = [line[6:] for line in frames.splitlines() if line.startswith("data: ")]
     assert json.loads(events[0])["choices"][0]["text"] == "Hello"
@@ -223,10 +205,11 @@ def test_a_stream_cancelled_while_it_waits_for_tokens_abandons_its_request(monke
 
     monkeypatch.setattr(dispatch, "relay", relay.relay)
     monkeypatch.setattr(dispatch, "abandon", abandon)
-    monkeypatch.setattr(dispatch, "record", _async_append(recorded))
+    monkeypatch.setattr(dispatch, "record", relaying.async_append(recorded))
 
     async def scenario():
-        consumer = asyncio.ensure_future(_frames(views._stream(_job("cmpl-gone"), _MODEL, _stream_spec())))
+        stream = views._stream(relaying.job("cmpl-gone"), relaying.MODEL, _stream_spec())
+        consumer = asyncio.ensure_future(_frames(stream))
         await relay.waiting.wait()
         consumer.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -255,7 +238,7 @@ def test_a_stream_the_server_stops_consuming_abandons_its_request_at_once(monkey
     monkeypatch.setattr(dispatch, "abandon", abandon)
 
     async def scenario():
-        response = views._EventStreamResponse(views._stream(_job("cmpl-stuck"), _MODEL, _stream_spec()))
+        response = views._EventStreamResponse(views._stream(relaying.job("cmpl-stuck"), relaying.MODEL, _stream_spec()))
         frames = aiter(response)
         await anext(frames)  # the opening frame
         await anext(frames)  # a delta: the stream's generator now waits at a yield

@@ -3,21 +3,11 @@ out with the end of the body: on a busy core each write wakes the client."""
 
 import asyncio
 import json
-import time
 
 from django.http import StreamingHttpResponse
 
 from config.streaming import FinalPart
-
-
-def _job(request_id: str):
-    from workers.protocol import RequestInput
-
-    return RequestInput(request_id=request_id, model="m", prompt_token_ids=[1], params={}, tenant_id=1, key_id=1,
-                        enqueued_at=time.time())  # fmt: skip
-
-
-_MODEL = type("Model", (), {"model_id": "m"})()
+from tests.gateway import relaying
 
 
 def _usage(request_id: str):
@@ -38,16 +28,13 @@ def test_the_events_of_one_read_are_one_part_and_the_last_part_follows_the_usage
         yield [dispatch.Idle()]
         yield [dispatch.Delta("!", 1), dispatch.Done(_usage(job.request_id))]
 
-    async def record(request_id):
-        recorded.append(request_id)
-
     monkeypatch.setattr(dispatch, "relay", relay)
-    monkeypatch.setattr(dispatch, "record", record)
+    monkeypatch.setattr(dispatch, "record", relaying.async_append(recorded))
     spec = chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
 
     async def parts():
         seen = []
-        async for part in views._stream(_job("chatcmpl-parts"), _MODEL, spec):
+        async for part in views._stream(relaying.job("chatcmpl-parts"), relaying.MODEL, spec):
             seen.append((part, list(recorded)))
         return seen
 
@@ -86,11 +73,33 @@ def test_a_usage_record_that_finds_redis_down_still_ends_the_reply(monkeypatch):
     spec = completion_request({"model": "m", "prompt": "hi", "stream": True})
 
     async def parts():
-        return [part async for part in views._stream(_job("cmpl-norecord"), _MODEL, spec)]
+        return [part async for part in views._stream(relaying.job("cmpl-norecord"), relaying.MODEL, spec)]
 
     (part,) = asyncio.run(parts())
     assert isinstance(part, FinalPart)
     assert part.decode().endswith("data: [DONE]\n\n")  # the periodic flush settles it from the worker's entry
+
+
+def test_a_non_streamed_reply_whose_usage_record_finds_redis_down_is_still_returned(monkeypatch):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from gateway import dispatch, views
+    from gateway.validation import completion_request
+
+    async def relay(job, model):
+        yield [dispatch.Delta("ok", 1), dispatch.Done(_usage(job.request_id))]
+
+    async def record(request_id):
+        raise RedisConnectionError("Connection refused")
+
+    monkeypatch.setattr(dispatch, "relay", relay)
+    monkeypatch.setattr(dispatch, "record", record)
+    spec = completion_request({"model": "m", "prompt": "hi"})
+
+    response = asyncio.run(views._collect(relaying.job("cmpl-collected"), relaying.MODEL, spec))
+
+    assert response.status_code == 200
+    assert json.loads(response.content)["choices"][0]["text"] == "ok"
 
 
 async def _sent(response) -> list[dict]:
