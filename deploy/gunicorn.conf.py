@@ -7,6 +7,7 @@ many streams a process relays is bounded by its Redis connections (REDIS_MAX_CON
 threads. No request timeout, so long generations are never cut.
 """
 
+import math
 import os
 
 from config.env import ConfigError, env_bool, env_int
@@ -26,13 +27,41 @@ def _flag(name: str, default: bool = False) -> bool:
         raise SystemExit(str(exc)) from None
 
 
+# The most web processes the default starts: each loads the served models' tokenizers (~0.5 GB of
+# memory), and on the 16-core H200 host 12 processes admitted a burst no faster than 8 (docs/gpu.md).
+MAX_DEFAULT_WORKERS = 8
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # "<quota> <period>" in microseconds, or "max <period>"
+
+
+def usable_cores() -> int:
+    """The cores this server may run on: its CPU affinity, bounded by the CPU limit of its container
+    (the cgroup v2 quota), where it has one."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        with open(CGROUP_CPU_MAX) as limit:
+            quota, period = limit.read().split()
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit readable: the affinity alone
+    return max(1, cores)
+
+
+def default_workers(cores: int) -> int:
+    return max(1, min(cores, MAX_DEFAULT_WORKERS))
+
+
 # All interfaces by default: in a container the port is reached from outside it. make up binds 127.0.0.1.
 bind = os.environ.get("GUNICORN_BIND") or f"{os.environ.get('HOST', '0.0.0.0')}:{_int('PORT', 8000)}"  # noqa: S104
 # The application, so that command lines need only ``-c deploy/gunicorn.conf.py``.
 wsgi_app = "config.asgi:application"
 # uvicorn's worker (uvloop event loop, httptools parser) under gunicorn's process management.
 worker_class = "uvicorn_worker.UvicornWorker"
-workers = _int("WEB_CONCURRENCY", 2)
+# One process per core it may use, by default: a process serves all its requests on one event loop,
+# so more processes than cores only take turns on them. On a 2-core host whose serving processes
+# were pinned to one core, two web processes spent 12-22% more CPU per request than one (2026-12-05,
+# docs/benchmarks.md), their two stream readers each reading half of the streams.
+workers = _int("WEB_CONCURRENCY", default_workers(usable_cores()))
 # The worker heartbeat runs on the event loop, so open streams do not delay it. 0 (off) by default:
 # a worker loads the served models' tokenizers before its loop starts, which can take longer than
 # any timeout that would still catch a wedged loop promptly.
