@@ -39,7 +39,7 @@ from benchmarks import report
 from benchmarks.loadgen import Workload, run_requests
 from benchmarks.procs import ROOT, STATE_DIR, frontend_cpus
 from benchmarks.profiling import CpuMeter, PySpy, hot_functions, top_inclusive
-from benchmarks.stats import LevelSummary, summarize
+from benchmarks.stats import LevelSummary, first_wave, summarize
 
 MODEL_NAME = "tiny-gemma4"
 TARGETS = ("bare", "litellm", "platform")
@@ -249,22 +249,25 @@ def measure_all(targets: dict[str, Target], plan: Plan) -> tuple[list[LevelSumma
     names = list(targets)
     for level in plan.levels:
         pooled: dict[str, tuple[list, float, dict]] = {name: ([], 0.0, {}) for name in names}
+        waves: dict[str, list] = {name: [] for name in names}
         for round_no in range(plan.rounds):
             order = names[round_no % len(names) :] + names[: round_no % len(names)]
             for name in order:
                 profile = level == plan.profile_level and round_no == 0
                 results, duration, cpu, text = run_one(targets[name], plan, level, index, profile)
                 index += len(results)
+                waves[name] += first_wave(results, level)
                 profile_text = text or profile_text
                 old_results, old_duration, old_cpu = pooled[name]
                 cpu_sum = {k: round(old_cpu.get(k, 0) + v, 2) for k, v in cpu.items()}
                 pooled[name] = (old_results + results, old_duration + duration, cpu_sum)
         for name in names:
             results, duration, cpu = pooled[name]
-            summary = summarize(name, level, results, duration, plan.output_tokens)
+            summary = summarize(name, level, results, duration, plan.output_tokens, first_waves=waves[name])
             summary.cpu_s = cpu
             log(f"{name:8s} {level:3d} streams: {summary.output_tok_s:8.1f} tok/s  TTFT p50 {summary.ttft_p50_ms} ms"
-                f"  ITL p50 {summary.itl_p50_ms} ms  errors {summary.errors + summary.short}  cpu {cpu}")  # fmt: skip
+                f" (first wave {summary.first_wave_ttft_p50_ms})  ITL p50 {summary.itl_p50_ms} ms"
+                f"  errors {summary.errors + summary.short}  cpu {cpu}")  # fmt: skip
             summaries.append(summary)
     return summaries, profile_text
 

@@ -84,6 +84,9 @@ class LevelSummary:
     mean_prompt_tokens: float
     mean_completion_tokens: float
     first_error: str | None = None
+    # Time to first token of the requests each round's clients sent at once when it began (see
+    # `first_wave`); None when no wave was given.
+    first_wave_ttft_p50_ms: float | None = None
     cpu_s: dict = field(default_factory=dict)  # CPU seconds per process group during the level
 
     def as_dict(self) -> dict:
@@ -94,10 +97,19 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 2)
 
 
+def first_wave(results: Sequence[RequestResult], concurrency: int) -> list[RequestResult]:
+    """A round's first wave: the `concurrency` requests its clients sent at once when it began. A
+    server admits them all together, so their first tokens show what a burst costs it; later requests
+    arrive one by one as earlier ones end."""
+    return sorted(results, key=lambda r: r.sent_at)[:concurrency]
+
+
 def summarize(
-    target: str, concurrency: int, results: Sequence[RequestResult], duration_s: float, expected_tokens: int
-) -> LevelSummary:
-    """Aggregate one level's request results (see the module docstring for the definitions)."""
+    target: str, concurrency: int, results: Sequence[RequestResult], duration_s: float, expected_tokens: int,
+    first_waves: Sequence[RequestResult] = (),
+) -> LevelSummary:  # fmt: skip
+    """Aggregate one level's request results (see the module docstring for the definitions);
+    `first_waves`: the first wave of each of its rounds (`first_wave`)."""
     ok = [r for r in results if r.ok]
     errors = [r for r in results if not r.ok]
     tokens = sum(r.completion_tokens for r in ok)
@@ -123,6 +135,7 @@ def summarize(
         mean_prompt_tokens=round(sum(r.prompt_tokens for r in ok) / len(ok), 1) if ok else 0.0,
         mean_completion_tokens=round(tokens / len(ok), 1) if ok else 0.0,
         first_error=errors[0].error if errors else None,
+        first_wave_ttft_p50_ms=_ms(percentile([r.ttft for r in first_waves if r.ok and r.ttft is not None], 50)),
     )
 
 

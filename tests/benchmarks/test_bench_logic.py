@@ -9,7 +9,7 @@ from benchmarks import report
 from benchmarks.bare import engine_cli_flags
 from benchmarks.loadgen import SSEParser, Workload, apply_event, chunk_content, prompt_text
 from benchmarks.profiling import frame_key, hot_functions, parse_collapsed, shares, top_inclusive
-from benchmarks.stats import RequestResult, percentile, ratio, summarize
+from benchmarks.stats import RequestResult, first_wave, percentile, ratio, summarize
 
 
 class TestPercentile:
@@ -119,6 +119,21 @@ class TestSummarize:
         assert (summary.errors, summary.short, summary.first_error) == (1, 0, "HTTP 503: busy")
         assert summary.ttft_p50_ms == pytest.approx(150.0)
         assert summary.mean_completion_tokens == 64
+
+    def test_the_first_wave_is_what_the_clients_sent_at_once_when_the_round_began(self):
+        # 2 clients: requests 0 and 1 at the start, then each client's next one as its last ended.
+        round_results = [
+            RequestResult(sent_at=1.2, ended_at=2.0, chunk_times=[1.25]),
+            RequestResult(sent_at=0.0, ended_at=1.2, chunk_times=[0.3]),
+            RequestResult(sent_at=0.01, ended_at=1.0, chunk_times=[0.41]),
+            RequestResult(sent_at=1.0, ended_at=2.0, chunk_times=[1.05]),
+        ]
+        wave = first_wave(round_results, 2)
+        assert [r.sent_at for r in wave] == [0.0, 0.01]
+        summary = summarize("platform", 2, round_results, 2.0, expected_tokens=0, first_waves=wave)
+        assert summary.first_wave_ttft_p50_ms == pytest.approx(350.0)  # 300 and 400 ms
+        assert summary.ttft_p50_ms == pytest.approx(175.0)  # 50, 50, 300 and 400 ms
+        assert summarize("platform", 2, round_results, 2.0, expected_tokens=0).first_wave_ttft_p50_ms is None
 
     def test_requests_shorter_than_asked_are_counted(self):
         short = RequestResult(0, 1, [0.1, 0.2], completion_tokens=10)

@@ -22,8 +22,7 @@ def _load_conf():
 def _workers_on(cores: set[int], **env: str) -> int:
     """`workers` as gunicorn reads it in a process that may run only on `cores`."""
     code = (
-        f"import os, runpy; os.sched_setaffinity(0, {sorted(cores)!r}); "
-        f"print(runpy.run_path({str(CONF)!r})['workers'])"
+        f"import os, runpy; os.sched_setaffinity(0, {sorted(cores)!r}); print(runpy.run_path({str(CONF)!r})['workers'])"
     )
     environ = {k: v for k, v in os.environ.items() if k != "WEB_CONCURRENCY"} | env
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=True)
