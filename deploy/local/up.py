@@ -216,6 +216,9 @@ def _child_env(services: LocalServices, port: int) -> dict[str, str]:
         "CSRF_COOKIE_SECURE": "0",
         "GUNICORN_BIND": f"{os.environ.get('HOST', '127.0.0.1')}:{port}",
         "GUNICORN_GRACEFUL_TIMEOUT": "10",
+        # A local stack serves one developer: two web processes whatever the cores (each holds ~300 MB,
+        # the served models' tokenizers among it), where a server starts one per core.
+        "WEB_CONCURRENCY": "2",
         "ENGINE_PROFILE": "cpu",
         "SERVED_MODEL": MODEL_ID,
         "MODEL_PATH": str(MODEL_DIR),

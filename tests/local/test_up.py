@@ -44,7 +44,7 @@ def test_the_gunicorn_config_defaults_suit_streaming(monkeypatch):
 
     conf = runpy.run_path(str(GUNICORN_CONF))
 
-    assert (conf["bind"], conf["workers"]) == ("0.0.0.0:8000", 2)
+    assert conf["bind"] == "0.0.0.0:8000"  # the default number of processes: the tests below
     assert "threads" not in conf  # an open stream holds no thread: nothing to size
 
 
@@ -53,6 +53,45 @@ def test_the_gunicorn_config_names_a_malformed_variable(monkeypatch):
 
     with pytest.raises(SystemExit, match="WEB_CONCURRENCY must be an integer"):
         runpy.run_path(str(GUNICORN_CONF))
+
+
+def _workers_on(cores: set[int]) -> int:
+    """The config's `workers`, unset WEB_CONCURRENCY, in a process that may run only on `cores`."""
+    code = (
+        f"import os, runpy; os.sched_setaffinity(0, {sorted(cores)!r}); "
+        f"print(runpy.run_path({str(GUNICORN_CONF)!r})['workers'])"
+    )
+    environ = {name: value for name, value in os.environ.items() if name != "WEB_CONCURRENCY"}
+    return int(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ, check=True).stdout
+    )
+
+
+def test_the_gunicorn_config_starts_one_web_process_per_core_it_may_use(monkeypatch):
+    assert _workers_on({0}) == 1
+    if len(os.sched_getaffinity(0)) >= 2:
+        # Two, unless this machine's container limit (cgroup) allows fewer.
+        conf = runpy.run_path(str(GUNICORN_CONF))
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+        assert _workers_on({0, 1}) == conf["usable_cores"]()
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "cores"), [("max 100000\n", 64), ("150000 100000\n", 2), ("50000 100000\n", 1), ("garbled\n", 64)]
+)
+def test_a_container_cpu_limit_bounds_the_cores_the_gunicorn_config_counts(tmp_path, monkeypatch, cpu_max, cores):
+    limit = tmp_path / "cpu.max"
+    limit.write_text(cpu_max)
+    conf = runpy.run_path(str(GUNICORN_CONF))
+    usable_cores = conf["usable_cores"]
+    usable_cores.__globals__["CGROUP_CPU_MAX"] = str(limit)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert usable_cores() == cores
+
+
+def test_the_gunicorn_config_starts_at_most_8_processes_by_default():
+    default_workers = runpy.run_path(str(GUNICORN_CONF))["default_workers"]
+    assert [default_workers(cores) for cores in (1, 3, 8, 64)] == [1, 3, 8, 8]
 
 
 class _Up:
