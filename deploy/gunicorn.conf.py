@@ -27,8 +27,9 @@ def _flag(name: str, default: bool = False) -> bool:
         raise SystemExit(str(exc)) from None
 
 
-# The most web processes the default starts: each loads the served models' tokenizers (~0.5 GB of
-# memory), and on the 16-core H200 host 12 processes admitted a burst no faster than 8 (docs/gpu.md).
+# The most web processes the default starts: each holds ~300 MB of its own (the served models'
+# tokenizers among it), and on the 16-core H200 host 12 processes admitted a burst no faster than 8
+# (docs/gpu.md).
 MAX_DEFAULT_WORKERS = 8
 CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # "<quota> <period>" in microseconds, or "max <period>"
 
