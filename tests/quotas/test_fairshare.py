@@ -21,13 +21,30 @@ SERVICE = 0.2  # seconds one request holds its slot in the double engine
 POLL = 0.02
 
 
-def _serve(limits, tenant, key_id, log: list, weight: int = 1):
-    """The gateway's path for one request: admit, wait for a fair slot, run, settle."""
+class _Slots:
+    """The order in which requests got a pool slot, whoever they were."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            self.taken += 1
+            return self.taken
+
+
+def _serve(limits, tenant, key_id, log: list, weight: int = 1, slots: _Slots | None = None, passed=None):
+    """The gateway's path for one request: admit, wait for a fair slot, run, settle. With `slots`,
+    `passed` gets how many requests took a slot while this one waited (itself included)."""
     rid, admitted = admit(limits, tenant, key_id)
     started = time.monotonic()
+    taken_before = slots.taken if slots else 0
     fair_share_acquire(pool="tiny", request_id=rid, tenant_id=tenant.id, weight=weight, capacity=CAPACITY,
-                       timeout=60, poll=POLL, redis=thread_redis())  # fmt: skip
+                       timeout=120, poll=POLL, redis=thread_redis())  # fmt: skip
     log.append(time.monotonic() - started)
+    if slots is not None:
+        passed.append(slots.take() - taken_before)
     time.sleep(SERVICE)
     quota_settle(request_id=rid, prompt_tokens=10, completion_tokens=5, redis=thread_redis())
 
@@ -38,9 +55,12 @@ def test_a_tenant_with_200_queued_does_not_starve_another_tenants_5(make_tenant,
     alice_key, bob_key = alice.api_keys.get().id, bob.api_keys.get().id
     alice_limits = limits_for(tenant_id=alice.id, key_id=alice_key)
     bob_limits = limits_for(tenant_id=bob.id, key_id=bob_key)
-    alice_waits, bob_waits = [], []
+    alice_waits, bob_waits, bob_passed, slots = [], [], [], _Slots()
 
-    flood = [threading.Thread(target=_serve, args=(alice_limits, alice, alice_key, alice_waits)) for _ in range(200)]
+    flood = [
+        threading.Thread(target=_serve, args=(alice_limits, alice, alice_key, alice_waits, 1, slots, []))
+        for _ in range(200)
+    ]
     for thread in flood:
         thread.start()
     deadline = time.monotonic() + 30
@@ -49,19 +69,23 @@ def test_a_tenant_with_200_queued_does_not_starve_another_tenants_5(make_tenant,
         time.sleep(0.01)
     backlog = int(redis_client.hget(f"{pool_prefix('tiny')}:waitn", alice.id))
 
-    bobs = [threading.Thread(target=_serve, args=(bob_limits, bob, bob_key, bob_waits)) for _ in range(5)]
+    bobs = [
+        threading.Thread(target=_serve, args=(bob_limits, bob, bob_key, bob_waits, 1, slots, bob_passed))
+        for _ in range(5)
+    ]
     for thread in bobs:
         thread.start()
     for thread in bobs + flood:
         thread.join()
 
     fifo_wait = backlog / CAPACITY * SERVICE  # where bob would stand behind alice's backlog in a FIFO queue
-    print(f"\nalice backlog={backlog}; bob waits (s)={[round(w, 3) for w in sorted(bob_waits)]}; "
-          f"alice max wait={max(alice_waits):.2f}s; FIFO would make bob wait ~{fifo_wait:.2f}s")  # fmt: skip
+    print(f"\nalice backlog={backlog}; bob waits (s)={[round(w, 3) for w in sorted(bob_waits)]}, passed by "
+          f"{sorted(bob_passed)} slots; alice max wait={max(alice_waits):.2f}s; FIFO: ~{fifo_wait:.2f}s")  # fmt: skip
     assert len(bob_waits) == 5 and len(alice_waits) == 200
-    # Bob's five are served as soon as slots free (a few service times), not after alice's backlog.
-    assert max(bob_waits) < 5 * SERVICE + 0.5
-    assert max(bob_waits) < fifo_wait / 3
+    # Bob's five get slots as soon as they free, not after alice's backlog: counted in slots taken
+    # while each waited (a FIFO queue would let the whole backlog pass), not in seconds, which a
+    # loaded machine stretches.
+    assert max(bob_passed) <= 4 * CAPACITY < backlog
     assert max(alice_waits) > fifo_wait / 2
     assert redis_client.zcard(f"{pool_prefix('tiny')}:run") == 0  # every slot was given back by settle
 
@@ -73,9 +97,10 @@ def test_a_tenant_alone_on_the_pool_gets_all_of_it(make_tenant, redis_client):
     waits = []
     rids = [admit(limits, alice, key)[0] for _ in range(CAPACITY)]
     for rid in rids:
+        # No slot is ever given back here: one that had to wait for another's would time out.
         waits.append(fair_share_acquire(pool="tiny", request_id=rid, tenant_id=alice.id, weight=1, capacity=CAPACITY,
-                                        timeout=1, poll=POLL))  # fmt: skip
-    assert max(waits) < 0.1
+                                        timeout=30, poll=POLL))  # fmt: skip
+    assert len(waits) == CAPACITY
     assert redis_client.zcard(f"{pool_prefix('tiny')}:run") == CAPACITY
 
 
