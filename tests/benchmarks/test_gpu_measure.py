@@ -93,13 +93,14 @@ def test_drive_keeps_clients_sending_while_the_next_request_fits_in_the_level():
 
     async def one(i, n):
         t0 = time.perf_counter()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
         return measure.RequestRecord(t0, t0 + 0.01, time.perf_counter(), 5)
 
-    records, started, errors = asyncio.run(measure.drive(3, 0.45, one))
-    assert errors == [] and len(records) == 3 * 4  # 4 x 0.1 s fit in 0.45 s, a fifth would not
+    # 4 x 0.2 s fit in 0.99 s, a fifth would not; the margin (47 ms per request) is for a loaded machine.
+    records, started, errors = asyncio.run(measure.drive(3, 0.99, one))
+    assert errors == [] and len(records) == 3 * 4
     level = measure.summarize(3, records, started)
-    assert level.max_generating == 3 and level.wall_s < 0.45
+    assert level.max_generating == 3 and level.wall_s < 0.99
     once, _, _ = asyncio.run(measure.drive(2, 0, one))
     assert len(once) == 2  # every client sends at least one request
 
