@@ -60,7 +60,7 @@ wsgi_app = "config.asgi:application"
 worker_class = "uvicorn_worker.UvicornWorker"
 # One process per core it may use, by default: a process serves all its requests on one event loop,
 # so more processes than cores only take turns on them. On a 2-core host whose serving processes
-# were pinned to one core, two web processes spent 12-22% more CPU per request than one (2026-12-05,
+# were pinned to one core, one web process spent 11-22% less CPU per request than two (2026-12-05,
 # docs/benchmarks.md): two event loops, stream readers and ledger writers taking turns on one core.
 workers = _int("WEB_CONCURRENCY", default_workers(usable_cores()))
 # The worker heartbeat runs on the event loop, so open streams do not delay it. 0 (off) by default:
