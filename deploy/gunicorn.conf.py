@@ -49,7 +49,7 @@ def usable_cores() -> int:
 
 
 def default_workers(cores: int) -> int:
-    return max(1, min(cores, MAX_DEFAULT_WORKERS))
+    return min(cores, MAX_DEFAULT_WORKERS)
 
 
 # All interfaces by default: in a container the port is reached from outside it. make up binds 127.0.0.1.

@@ -56,11 +56,11 @@ def test_the_events_of_one_read_are_one_part_and_the_last_part_follows_the_usage
     assert seen[0][1] == []
 
 
-def test_a_usage_record_that_finds_redis_down_still_ends_the_reply(monkeypatch):
+def _a_request_whose_usage_record_finds_redis_down(monkeypatch) -> None:
+    """The relay yields "ok" and the end; the ledger's fast path then finds Redis unreachable."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from gateway import dispatch, views
-    from gateway.validation import completion_request
+    from gateway import dispatch
 
     async def relay(job, model):
         yield [dispatch.Delta("ok", 1), dispatch.Done(_usage(job.request_id))]
@@ -70,6 +70,13 @@ def test_a_usage_record_that_finds_redis_down_still_ends_the_reply(monkeypatch):
 
     monkeypatch.setattr(dispatch, "relay", relay)
     monkeypatch.setattr(dispatch, "record", record)
+
+
+def test_a_usage_record_that_finds_redis_down_still_ends_the_reply(monkeypatch):
+    from gateway import views
+    from gateway.validation import completion_request
+
+    _a_request_whose_usage_record_finds_redis_down(monkeypatch)
     spec = completion_request({"model": "m", "prompt": "hi", "stream": True})
 
     async def parts():
@@ -81,19 +88,10 @@ def test_a_usage_record_that_finds_redis_down_still_ends_the_reply(monkeypatch):
 
 
 def test_a_non_streamed_reply_whose_usage_record_finds_redis_down_is_still_returned(monkeypatch):
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
-    from gateway import dispatch, views
+    from gateway import views
     from gateway.validation import completion_request
 
-    async def relay(job, model):
-        yield [dispatch.Delta("ok", 1), dispatch.Done(_usage(job.request_id))]
-
-    async def record(request_id):
-        raise RedisConnectionError("Connection refused")
-
-    monkeypatch.setattr(dispatch, "relay", relay)
-    monkeypatch.setattr(dispatch, "record", record)
+    _a_request_whose_usage_record_finds_redis_down(monkeypatch)
     spec = completion_request({"model": "m", "prompt": "hi"})
 
     response = asyncio.run(views._collect(relaying.job("cmpl-collected"), relaying.MODEL, spec))
