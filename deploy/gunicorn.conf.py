@@ -43,7 +43,7 @@ def usable_cores() -> int:
             quota, period = limit.read().split()
         if quota != "max":
             cores = min(cores, math.ceil(int(quota) / int(period)))
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         pass  # no cgroup v2 limit readable: the affinity alone
     return max(1, cores)
 

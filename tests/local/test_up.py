@@ -78,7 +78,8 @@ def test_the_gunicorn_config_starts_one_web_process_per_core_it_may_use(monkeypa
 
 
 @pytest.mark.parametrize(
-    ("cpu_max", "cores"), [("max 100000\n", 64), ("150000 100000\n", 2), ("50000 100000\n", 1), ("garbled\n", 64)]
+    ("cpu_max", "cores"),
+    [("max 100000\n", 64), ("150000 100000\n", 2), ("50000 100000\n", 1), ("garbled\n", 64), ("0 0\n", 64)],
 )
 def test_a_container_cpu_limit_bounds_the_cores_the_gunicorn_config_counts(tmp_path, monkeypatch, cpu_max, cores):
     limit = tmp_path / "cpu.max"
