@@ -112,7 +112,7 @@ ADAPTER_RANK = 16
 # Seconds allowed per adapter level for loading its adapters (one short request each) before it.
 ADAPTER_LOAD_S = 5.0
 
-STAGES = ("profiles", "platform", "compare", "variants", "fusions", "capacity", "adapters", "interval")
+STAGES = ("profiles", "platform", "compare", "variants", "fusions", "capacity", "adapters", "interval", "turnaround")
 # What `device.sh bench` runs without arguments: the platform comparison alone fits one 600 s call
 # with a cold start (engine start ~170-300 s, then 2 x 98 s of levels); the others take a call each.
 DEFAULT_STAGES = ("platform",)
@@ -160,6 +160,8 @@ class EngineRun:
     adapter_dirs: tuple[str, ...] = ()
     # Turns per level: ``levels`` names each level this many times (``platform_schedule``).
     rounds: int = 1
+    # The turnaround stage: each request waits a delay drawn from this range (ms) before it goes in.
+    submit_delay_ms: tuple[float, float] | None = None
 
     def planned_seconds(self) -> float:
         return planned_seconds(self.levels, adapter_counts=self.adapter_counts, rounds=self.rounds)
@@ -228,7 +230,9 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str, adapter_folder: str
     the compile-time fusion passes on top of h200, with the same references. ``adapters``: the
     LoRA-enabled h200 engine over 0-32 adapters and h200 without LoRA (``adapter_runs``).
     ``interval``: the platform stage's bare engine with one output per token (its profile) and with
-    ``stream_interval`` 4 (``interval_runs``).
+    ``stream_interval`` 4 (``interval_runs``). ``turnaround``: that bare engine, and the same with
+    each request held back before it goes in, as the platform's admission and hop hold it
+    (``turnaround_runs``).
     """
     if stage == "profiles":
         runs = [stock_run(model_dir)] + [profile_run(p, model_dir) for p in PROFILES]
@@ -261,8 +265,13 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str, adapter_folder: str
                 else CAPACITY_KV_CACHE_BYTES * 6 // 10  # fmt: skip
             runs.append(EngineRun(name, {**run.engine_args, "kv_cache_memory_bytes": kv}, levels, run.description))
         return runs
-    if stage in ("adapters", "interval"):
-        return adapter_runs(model_dir, adapter_folder) if stage == "adapters" else interval_runs(tok_model_dir)
+    built_elsewhere = {
+        "adapters": lambda: adapter_runs(model_dir, adapter_folder),
+        "interval": lambda: interval_runs(tok_model_dir),
+        "turnaround": lambda: turnaround_runs(tok_model_dir),
+    }
+    if stage in built_elsewhere:
+        return built_elsewhere[stage]()
     raise ValueError(f"unknown stage {stage!r}; expected one of {', '.join(STAGES)}")
 
 
@@ -281,6 +290,32 @@ def interval_runs(tok_model_dir: str) -> list[EngineRun]:
         args = {**run.engine_args, **platform_worker_overrides()}
         runs.append(EngineRun(run.name, args, run.levels, run.description))
     return runs
+
+
+# The turnaround stage: the levels around the engine's max_num_seqs (256 in the h200 profile), and
+# the mean delay a request is held back (BENCH_TURNAROUND_MS): about what a request spent between
+# the client's send and the engine through the platform at 256 streams (gateway + hop p50, 94-118
+# ms on 2026-12-05). Each delay is drawn from 0 to twice the mean, as the platform's vary.
+TURNAROUND_LEVELS = (128, 256, 512)
+TURNAROUND_MS = float(os.environ.get("BENCH_TURNAROUND_MS") or 100)
+
+
+def turnaround_runs(tok_model_dir: str) -> list[EngineRun]:
+    """The platform stage's bare engine as it is (``bare-h200``) and with every request held back a
+    random 0 to 2 x ``TURNAROUND_MS`` before it goes in (``bare-turnaround``), the two taking turns
+    level by level like the platform stage's sides: what the platform's time from a client's send
+    to the engine costs the throughput by itself, with no other part of the platform running. At
+    256 streams, the engine's ``max_num_seqs``, a finished request's slot then stays empty until
+    the client's next request is in; at 512 the engine's own queue fills it."""
+    levels = platform_schedule(TURNAROUND_LEVELS)
+    bare = profile_run("h200", tok_model_dir, "bare-h200", tokenizer=True, levels=levels)
+    args = {**bare.engine_args, **platform_worker_overrides()}
+    held_back = f"{bare.description}, requests held back 0-{2 * TURNAROUND_MS:.0f} ms"
+    return [
+        EngineRun(bare.name, args, levels, bare.description, rounds=PLATFORM_ROUNDS),
+        EngineRun("bare-turnaround", args, levels, held_back, rounds=PLATFORM_ROUNDS,
+                  submit_delay_ms=(0.0, 2 * TURNAROUND_MS)),
+    ]  # fmt: skip
 
 
 def platform_worker_overrides() -> dict[str, Any]:

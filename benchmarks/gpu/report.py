@@ -79,6 +79,22 @@ def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[in
     return "\n".join(lines)
 
 
+def turns_table(results: dict[str, dict], names: list[str], levels: Iterable[int]) -> str:
+    """Markdown: each turn of each level, per engine: tokens/s, time to first token and time per
+    output token p50, the slowest request."""
+    lines = ["| engine | streams | turns: tok/s, TTFT p50 ms, time per token p50 ms, slowest request s |",
+             "|---|---:|---|"]  # fmt: skip
+    for n in levels:
+        for name in names:
+            turns = [lv for lv in (results.get(name) or {}).get("levels", []) if lv["streams"] == n]
+            if turns:
+                cells = "; ".join(f"{_fmt(lv['tokens_per_s'])}, {_fmt(lv.get('ttft_ms_p50'))}, "
+                                  f"{_fmt(lv.get('tpot_ms_p50'), 2)}, {_fmt(lv.get('duration_s_max'), 2)}"
+                                  for lv in turns)  # fmt: skip
+                lines.append(f"| {name} | {n} | {cells} |")
+    return "\n".join(lines)
+
+
 def cpu_table(results: dict[str, dict], names: list[str]) -> str:
     """Markdown: CPU seconds per part and level (``cpu_s``), with the seconds its threads waited
     for a CPU in parentheses where measured."""
@@ -230,6 +246,14 @@ def render(results_list: list[dict]) -> str:
                       "in parentheses the ratio to the base model on the same engine, then to the engine "
                       "without LoRA:",
                   adapters_table(results), "", adapter_details(results, ["lora-on", "lora-off"])]  # fmt: skip
+    if "bare-turnaround" in results:
+        from benchmarks.gpu.plan import TURNAROUND_LEVELS
+
+        sides = ["bare-h200", "bare-turnaround"]
+        parts += ["", "The bare engine with each request held back before it goes in (bare-turnaround; output "
+                      "tokens/s, ratio to bare-h200 in the same run):",
+                  engine_table(results, sides, TURNAROUND_LEVELS, reference="bare-h200"), "",
+                  turns_table(results, sides, TURNAROUND_LEVELS)]  # fmt: skip
     if "stock-2" in results or "h200-2" in results:
         parts += ["", f"Run-to-run spread: stock {spread(results, 'stock', 'stock-2', PROFILE_LEVELS)}, "
                       f"h200 {spread(results, 'h200', 'h200-2', PROFILE_LEVELS)}"]  # fmt: skip

@@ -8,7 +8,9 @@ second stock and h200 sweep for the run-to-run spread), ``compare`` (stock and h
 ``variants`` (more single changes to h200), ``fusions`` (torch.compile fusion passes on h200),
 ``capacity`` (h200 at 256 and 512 streams: max_num_seqs 512, FP8 KV cache, with and without
 detokenization), ``adapters`` (tenants' LoRA adapters: the h200 profile with LoRA at 128 streams
-spread over 0, 1, 8 and 32 adapters, written first by ``lora.py``, and h200 without LoRA). Every
+spread over 0, 1, 8 and 32 adapters, written first by ``lora.py``, and h200 without LoRA),
+``interval`` (the platform stage's bare engine with ``stream_interval`` 1 and 4), ``turnaround``
+(that bare engine as it is and with each request held back as the platform holds it). Every
 level runs for ``plan.level_seconds``, shortened by one common factor when a slow start leaves less
 time before the deadline.
 
@@ -90,7 +92,8 @@ def log_tail(name: str, lines: int = 25) -> str:
 def _engine_argv(run: plan.EngineRun) -> list[str]:
     spec = WORK / "specs" / f"{run.name}.json"
     measure.write_json(spec, {"name": run.name, "engine_args": run.engine_args, "levels": list(run.levels),
-                              "rounds": run.rounds, "env": run.env, "adapter_counts": list(run.adapter_counts),
+                              "rounds": run.rounds, "submit_delay_ms": run.submit_delay_ms, "env": run.env,
+                              "adapter_counts": list(run.adapter_counts),
                               "adapter_dirs": list(run.adapter_dirs)})  # fmt: skip
     (RESULTS / f"{run.name}.json").unlink(missing_ok=True)
     return [sys.executable, "-m", "benchmarks.gpu.engine_bench", "--spec", str(spec),
@@ -151,10 +154,11 @@ def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Pat
     planned: dict[str, float] = {}
     for stage in stages:
         runs = plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS))
-        if stage == "platform":
+        if stage in ("platform", "turnaround"):
             # The two sides alternate level by level (measure.turn_order): a machine that slows down
             # during the call weighs on both, where one block per side put it all on one.
-            order = measure.turn_order(["platform"] + [run.name for run in runs], len(plan.platform_schedule()))
+            sides = (["platform"] if stage == "platform" else []) + [run.name for run in runs]
+            order = measure.turn_order(sides, len(runs[0].levels))
             (BARRIER / measure.TURN_ORDER_FILE).write_text(json.dumps(order))
         for run in runs:
             procs[run.name] = spawn(run.name, _engine_argv(run), {**env, **run.env})

@@ -129,3 +129,15 @@ def test_the_interval_stage_is_the_platforms_bare_engine_with_one_output_per_tok
     assert stage["bare-si4"].levels == stage["bare-si1"].levels == plan.INTERVAL_LEVELS
     both = sum(run.planned_seconds() for run in stage.values())
     assert 300 + both + 40 < 565  # a cold start of the two engines and both measurements fit one call
+
+
+def test_the_turnaround_stage_holds_back_the_requests_of_one_of_two_identical_bare_engines():
+    stage = runs("turnaround")
+    bare, held = stage["bare-h200"], stage["bare-turnaround"]
+    assert bare.engine_args == held.engine_args == runs("platform")["bare-h200"].engine_args
+    assert bare.submit_delay_ms is None
+    assert held.submit_delay_ms == (0.0, 2 * plan.TURNAROUND_MS)
+    assert bare.levels == held.levels == plan.platform_schedule(plan.TURNAROUND_LEVELS)
+    assert bare.rounds == held.rounds == plan.PLATFORM_ROUNDS
+    both = sum(run.planned_seconds() for run in stage.values())
+    assert 300 + both + 40 < 565  # a cold start of the two engines and both measurements fit one call

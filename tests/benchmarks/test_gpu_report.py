@@ -101,3 +101,17 @@ def test_a_level_measured_in_several_turns_is_their_tokens_over_their_seconds():
     # One turn with a failed request fails the level.
     pooled["levels"].append(turn(20_000.0, 15.0, errors=1))
     assert report.rate(pooled, 128) is None
+
+
+def test_the_turnaround_tables_show_the_held_back_side_against_bare_and_each_turn():
+    def turn(streams, rate, tpot):
+        return {"streams": streams, "tokens_per_s": rate, "wall_s": 10.0, "ttft_ms_p50": 190.0,
+                "tpot_ms_p50": tpot, "duration_s_max": 5.75}  # fmt: skip
+
+    results = [
+        {"name": "bare-h200", "start_s": 190.0, "levels": [turn(256, 23_000.0, 10.5), turn(256, 25_000.0, 10.4)]},
+        {"name": "bare-turnaround", "start_s": 191.0, "levels": [turn(256, 21_000.0, 11.2), turn(256, 22_000.0, 11.3)]},
+    ]
+    text = report.render(results)
+    assert "| bare-turnaround | 191 | — | 21,500 (0.90x) | — |" in text
+    assert "| bare-turnaround | 256 | 21,000, 190, 11.20, 5.75; 22,000, 190, 11.30, 5.75 |" in text
