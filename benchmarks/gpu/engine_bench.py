@@ -4,8 +4,8 @@
 
 SPEC.json: {"name", "engine_args", "levels"}, and for the adapters stage "adapter_counts" (one per
 level) and "adapter_dirs" (PEFT folders, benchmarks/gpu/lora.py); for the turnaround stage
-"submit_delay_ms" ([low, high]: each request held back that long before it goes in). Builds vLLM's ``AsyncLLM`` from the
-arguments, waits for its turn on the GPU (an exclusive lock, as several engines start side by side),
+"submit_delay_ms" ([low, high]: each request held back that long before it goes in). Builds vLLM's
+``AsyncLLM`` from the arguments, waits for its turn on the GPU (an exclusive lock, as several engines start side by side),
 warms up, runs each level (``measure.py``), writes the result (with the start-up time and the
 resolved scheduler settings) and shuts the engine down. A level with N adapters sends client i's
 requests with adapter i mod N (128 streams over 8 adapters: 16 streams each), after a warm-up
