@@ -7,7 +7,7 @@
 # Wheel parts come from benchmarks/gpu/prepare.sh, one device call per part (a call carries at most
 # 64 MiB). A warm machine keeps /tmp between calls, not the carried folders; so each call must follow
 # the previous one within the machine's 30 s warm window. Stages: platform, profiles, compare, fusions,
-# variants, capacity, adapters, interval, turnaround (benchmarks/gpu/run.py). One call of about 600 s runs one stage from a
+# variants, capacity, adapters, interval, turnaround, cudagraph (benchmarks/gpu/run.py). One call of about 600 s runs one stage from a
 # cold start (engines start in ~170-300 s, then measure one at a time); run the next stage in the next
 # call, within the 30 s warm window, so the wheels stay installed and the compile caches are reused.
 set -euo pipefail
@@ -45,7 +45,7 @@ case "$cmd" in
     python3 -m benchmarks.gpu.run "${stages[@]}" --deadline-s "$(( ${BENCH_BUDGET_S:-565} - ($(date +%s) - t0) ))"
     ;;
   *)
-    echo "usage: $0 receive DIR | bench [platform|profiles|compare|variants|fusions|capacity|adapters|interval|turnaround ...]" >&2
+    echo "usage: $0 receive DIR | bench [platform|profiles|compare|variants|fusions|capacity|adapters|interval|turnaround|cudagraph ...]" >&2
     exit 2
     ;;
 esac

@@ -5,8 +5,8 @@
 SPEC.json: {"name", "engine_args", "levels"}, and for the adapters stage "adapter_counts" (one per
 level) and "adapter_dirs" (PEFT folders, benchmarks/gpu/lora.py); for the turnaround stage
 "submit_delay_ms" ([low, high]: each request held back that long before it goes in). Builds vLLM's
-``AsyncLLM`` from the arguments, waits for its turn on the GPU (an exclusive lock, as several engines start side by side),
-warms up, runs each level (``measure.py``), writes the result (with the start-up time and the
+``AsyncLLM`` from the arguments, waits for its turn on the GPU (an exclusive lock, as several
+engines start side by side), warms up, runs each level (``measure.py``), writes the result (with the start-up time and the
 resolved scheduler settings) and shuts the engine down. A level with N adapters sends client i's
 requests with adapter i mod N (128 streams over 8 adapters: 16 streams each), after a warm-up
 request per adapter has loaded all N onto the GPU, so loading is not measured; N = 0 is the base model.
@@ -108,6 +108,38 @@ def preemptions() -> float | None:
         return None
 
 
+def step_token_counts() -> dict[str, float] | None:
+    """vLLM's histogram of tokens per engine step (its Prometheus metric in this process): the
+    cumulative count of steps per upper bound (``le``: "256.0", ..., "+Inf"); None where it has none."""
+    try:
+        from prometheus_client import REGISTRY
+
+        counts: dict[str, float] = {}
+        for metric in REGISTRY.collect():
+            if "iteration_tokens" in metric.name:
+                for sample in metric.samples:
+                    if sample.name.endswith("_bucket"):
+                        bound = sample.labels["le"]
+                        counts[bound] = counts.get(bound, 0.0) + sample.value
+        return counts or None
+    except Exception:
+        return None
+
+
+def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None, streams: int) -> dict | None:
+    """The engine steps between two ``step_token_counts``: how many, and how many had more tokens
+    than the level's streams (a full batch of decodes plus prefill tokens: a mixed step), where the
+    histogram has that bound."""
+    if not before or not after or "+Inf" not in after:
+        return None
+    steps = after["+Inf"] - before.get("+Inf", 0.0)
+    bound = f"{float(streams)}"
+    out = {"steps": int(steps)}
+    if bound in after:
+        out["steps_over_streams"] = int(steps - (after[bound] - before.get(bound, 0.0)))
+    return out
+
+
 def lora_requests(spec: dict) -> list:
     """vLLM ``LoRARequest``s for the spec's adapter folders (ids from 1: 0 means none to vLLM)."""
     if not spec.get("adapter_dirs"):
@@ -159,7 +191,7 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                     level_seed = measure.turn_seed(seed, spec["levels"], index)
                 else:
                     level_seed = seed + 1000 * (index + 1)
-                before = preemptions()
+                before, steps_before = preemptions(), step_token_counts()
                 seconds = level_seconds(streams, spec.get("rounds", 1)) * scale
                 # The same parts as the platform's meter (platform_bench.Stack.cpu_meter): this
                 # process is the engine's client, its child the engine core.
@@ -168,6 +200,7 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                 level = (await run_level(engine, f"{name}-{index}", streams, seconds, level_seed, high, sampling,
                                          loras=hot, turns=turns, delay_ms=delay_ms)).to_dict()  # fmt: skip
                 after = preemptions()
+                level["engine_steps"] = engine_steps(steps_before, step_token_counts(), streams)
                 level["cpu_s"] = cpu.stop()
                 level["target_s"] = round(seconds, 1)
                 level["preemptions"] = None if before is None or after is None else after - before
@@ -177,7 +210,8 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                 print(f"[{name}] {streams:>4} streams, adapters {count}: {level['tokens_per_s']:>9.1f} tok/s "
                       f"over {level['wall_s']:.1f} s "
                       f"(ttft p50 {level['ttft_ms_p50']} ms, tpot p50 {level['tpot_ms_p50']} ms, "
-                      f"batch {level['max_generating']}, preemptions {level['preemptions']})", flush=True)  # fmt: skip
+                      f"batch {level['max_generating']}, preemptions {level['preemptions']}, "
+                      f"steps {level['engine_steps']})", flush=True)  # fmt: skip
                 return level
 
             counts = spec.get("adapter_counts") or [None] * len(spec["levels"])

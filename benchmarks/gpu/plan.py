@@ -112,7 +112,18 @@ ADAPTER_RANK = 16
 # Seconds allowed per adapter level for loading its adapters (one short request each) before it.
 ADAPTER_LOAD_S = 5.0
 
-STAGES = ("profiles", "platform", "compare", "variants", "fusions", "capacity", "adapters", "interval", "turnaround")
+STAGES = (
+    "profiles",
+    "platform",
+    "compare",
+    "variants",
+    "fusions",
+    "capacity",
+    "adapters",
+    "interval",
+    "turnaround",
+    "cudagraph",
+)
 # What `device.sh bench` runs without arguments: the platform comparison alone fits one 600 s call
 # with a cold start (engine start ~170-300 s, then 2 x 98 s of levels); the others take a call each.
 DEFAULT_STAGES = ("platform",)
@@ -232,7 +243,8 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str, adapter_folder: str
     ``interval``: the platform stage's bare engine with one output per token (its profile) and with
     ``stream_interval`` 4 (``interval_runs``). ``turnaround``: that bare engine, and the same with
     each request held back before it goes in, as the platform's admission and hop hold it
-    (``turnaround_runs``).
+    (``turnaround_runs``). ``cudagraph``: those two, and the same two with full CUDA graphs for
+    mixed prefill/decode steps (``cudagraph_runs``).
     """
     if stage == "profiles":
         runs = [stock_run(model_dir)] + [profile_run(p, model_dir) for p in PROFILES]
@@ -269,6 +281,7 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str, adapter_folder: str
         "adapters": lambda: adapter_runs(model_dir, adapter_folder),
         "interval": lambda: interval_runs(tok_model_dir),
         "turnaround": lambda: turnaround_runs(tok_model_dir),
+        "cudagraph": lambda: cudagraph_runs(tok_model_dir),
     }
     if stage in built_elsewhere:
         return built_elsewhere[stage]()
@@ -300,22 +313,41 @@ TURNAROUND_LEVELS = (128, 256, 512)
 TURNAROUND_MS = float(os.environ.get("BENCH_TURNAROUND_MS") or 100)
 
 
-def turnaround_runs(tok_model_dir: str) -> list[EngineRun]:
+def turnaround_runs(tok_model_dir: str, levels: tuple[int, ...] = TURNAROUND_LEVELS, prefix: str = "bare",
+                    **changes: Any) -> list[EngineRun]:  # fmt: skip
     """The platform stage's bare engine as it is (``bare-h200``) and with every request held back a
     random 0 to 2 x ``TURNAROUND_MS`` before it goes in (``bare-turnaround``), the two taking turns
     level by level like the platform stage's sides: what the platform's time from a client's send
     to the engine costs the throughput by itself, with no other part of the platform running. At
     256 streams, the engine's ``max_num_seqs``, a finished request's slot then stays empty until
-    the client's next request is in; at 512 the engine's own queue fills it."""
-    levels = platform_schedule(TURNAROUND_LEVELS)
-    bare = profile_run("h200", tok_model_dir, "bare-h200", tokenizer=True, levels=levels)
+    the client's next request is in; at 512 the engine's own queue fills it. ``changes`` go on top
+    of the profile for both (``prefix`` names them: ``PREFIX-h200``, ``PREFIX-turnaround``)."""
+    levels = platform_schedule(levels)
+    bare = profile_run("h200", tok_model_dir, f"{prefix}-h200", tokenizer=True, levels=levels, **changes)
     args = {**bare.engine_args, **platform_worker_overrides()}
     held_back = f"{bare.description}, requests held back 0-{2 * TURNAROUND_MS:.0f} ms"
     return [
         EngineRun(bare.name, args, levels, bare.description, rounds=PLATFORM_ROUNDS),
-        EngineRun("bare-turnaround", args, levels, held_back, rounds=PLATFORM_ROUNDS,
+        EngineRun(f"{prefix}-turnaround", args, levels, held_back, rounds=PLATFORM_ROUNDS,
                   submit_delay_ms=(0.0, 2 * TURNAROUND_MS)),
     ]  # fmt: skip
+
+
+# The cudagraph stage: 256 streams (the engine's max_num_seqs), where requests that arrive spread out
+# put a prefill into many more engine steps than a wave that arrives at once. With the profile's
+# FULL_AND_PIECEWISE mode such a mixed step runs piecewise CUDA graphs (attention outside them);
+# FULL captures whole-step graphs for mixed batches too (FlashAttention 3, Hopper, supports them).
+CUDAGRAPH_LEVELS = tuple(int(n) for n in os.environ.get("BENCH_CUDAGRAPH_LEVELS", "256").split(","))
+FULL_CUDAGRAPHS = {"compilation_config": {"cudagraph_mode": "FULL"}}
+
+
+def cudagraph_runs(tok_model_dir: str) -> list[EngineRun]:
+    """The turnaround stage's two engines, and the same two with ``FULL_CUDAGRAPHS`` (``full-h200``,
+    ``full-turnaround``), all four taking turns at ``CUDAGRAPH_LEVELS``: whether spread-out arrivals
+    cost the engine time per token, and whether whole-step graphs for mixed steps win it back."""
+    return turnaround_runs(tok_model_dir, CUDAGRAPH_LEVELS) + turnaround_runs(
+        tok_model_dir, CUDAGRAPH_LEVELS, "full", **FULL_CUDAGRAPHS
+    )
 
 
 def platform_worker_overrides() -> dict[str, Any]:

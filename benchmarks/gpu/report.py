@@ -82,17 +82,26 @@ def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[in
 def turns_table(results: dict[str, dict], names: list[str], levels: Iterable[int]) -> str:
     """Markdown: each turn of each level, per engine: tokens/s, time to first token and time per
     output token p50, the slowest request."""
-    lines = ["| engine | streams | turns: tok/s, TTFT p50 ms, time per token p50 ms, slowest request s |",
-             "|---|---:|---|"]  # fmt: skip
+    lines = ["| engine | streams | turns: tok/s, TTFT p50 ms, time per token p50 ms, slowest request s"
+             "[, engine steps (of them with more tokens than streams: mixed)] |", "|---|---:|---|"]  # fmt: skip
     for n in levels:
         for name in names:
             turns = [lv for lv in (results.get(name) or {}).get("levels", []) if lv["streams"] == n]
             if turns:
                 cells = "; ".join(f"{_fmt(lv['tokens_per_s'])}, {_fmt(lv.get('ttft_ms_p50'))}, "
                                   f"{_fmt(lv.get('tpot_ms_p50'), 2)}, {_fmt(lv.get('duration_s_max'), 2)}"
+                                  + _steps(lv.get("engine_steps"))
                                   for lv in turns)  # fmt: skip
                 lines.append(f"| {name} | {n} | {cells} |")
     return "\n".join(lines)
+
+
+def _steps(steps: dict | None) -> str:
+    """A level's ``engine_steps`` as a turn cell's tail (steps, and mixed ones); empty if not measured."""
+    if not steps:
+        return ""
+    mixed = steps.get("steps_over_streams")
+    return f", {steps['steps']:,} steps" + (f" ({mixed:,} mixed)" if mixed is not None else "")
 
 
 def cpu_table(results: dict[str, dict], names: list[str]) -> str:
@@ -247,13 +256,16 @@ def render(results_list: list[dict]) -> str:
                       "without LoRA:",
                   adapters_table(results), "", adapter_details(results, ["lora-on", "lora-off"])]  # fmt: skip
     if "bare-turnaround" in results:
-        from benchmarks.gpu.plan import TURNAROUND_LEVELS
+        from benchmarks.gpu.plan import CUDAGRAPH_LEVELS, TURNAROUND_LEVELS
 
-        sides = ["bare-h200", "bare-turnaround"]
-        parts += ["", "The bare engine with each request held back before it goes in (bare-turnaround; output "
-                      "tokens/s, ratio to bare-h200 in the same run):",
-                  engine_table(results, sides, TURNAROUND_LEVELS, reference="bare-h200"), "",
-                  turns_table(results, sides, TURNAROUND_LEVELS)]  # fmt: skip
+        full = "full-h200" in results
+        sides = ["bare-h200", "bare-turnaround"] + (["full-h200", "full-turnaround"] if full else [])
+        levels = CUDAGRAPH_LEVELS if full else TURNAROUND_LEVELS
+        parts += ["", "The bare engine with each request held back before it goes in (*-turnaround)"
+                      + (", and both with full CUDA graphs for mixed steps (full-*)" if full else "")
+                      + "; output tokens/s, ratio to bare-h200 in the same run:",
+                  engine_table(results, sides, levels, reference="bare-h200"), "",
+                  turns_table(results, sides, levels)]  # fmt: skip
     if "stock-2" in results or "h200-2" in results:
         parts += ["", f"Run-to-run spread: stock {spread(results, 'stock', 'stock-2', PROFILE_LEVELS)}, "
                       f"h200 {spread(results, 'h200', 'h200-2', PROFILE_LEVELS)}"]  # fmt: skip

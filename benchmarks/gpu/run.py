@@ -10,7 +10,8 @@ second stock and h200 sweep for the run-to-run spread), ``compare`` (stock and h
 detokenization), ``adapters`` (tenants' LoRA adapters: the h200 profile with LoRA at 128 streams
 spread over 0, 1, 8 and 32 adapters, written first by ``lora.py``, and h200 without LoRA),
 ``interval`` (the platform stage's bare engine with ``stream_interval`` 1 and 4), ``turnaround``
-(that bare engine as it is and with each request held back as the platform holds it). Every
+(that bare engine as it is and with each request held back as the platform holds it),
+``cudagraph`` (those two, and the same two with full CUDA graphs for mixed steps). Every
 level runs for ``plan.level_seconds``, shortened by one common factor when a slow start leaves less
 time before the deadline.
 
@@ -154,7 +155,7 @@ def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Pat
     planned: dict[str, float] = {}
     for stage in stages:
         runs = plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS))
-        if stage in ("platform", "turnaround"):
+        if stage in ("platform", "turnaround", "cudagraph"):
             # The two sides alternate level by level (measure.turn_order): a machine that slows down
             # during the call weighs on both, where one block per side put it all on one.
             sides = (["platform"] if stage == "platform" else []) + [run.name for run in runs]

@@ -141,3 +141,17 @@ def test_the_turnaround_stage_holds_back_the_requests_of_one_of_two_identical_ba
     assert bare.rounds == held.rounds == plan.PLATFORM_ROUNDS
     both = sum(run.planned_seconds() for run in stage.values())
     assert 300 + both + 40 < 565  # a cold start of the two engines and both measurements fit one call
+
+
+def test_the_cudagraph_stage_runs_the_turnaround_pair_again_with_full_cuda_graphs_for_mixed_steps():
+    stage = runs("cudagraph")
+    assert list(stage) == ["bare-h200", "bare-turnaround", "full-h200", "full-turnaround"]
+    bare = stage["bare-h200"].engine_args
+    assert stage["bare-turnaround"].engine_args == bare
+    assert stage["full-h200"].engine_args == stage["full-turnaround"].engine_args == {**bare, **plan.FULL_CUDAGRAPHS}
+    assert stage["bare-h200"].submit_delay_ms is stage["full-h200"].submit_delay_ms is None
+    assert stage["bare-turnaround"].submit_delay_ms == stage["full-turnaround"].submit_delay_ms
+    assert stage["full-turnaround"].submit_delay_ms == (0.0, 2 * plan.TURNAROUND_MS)
+    assert {run.levels for run in stage.values()} == {plan.platform_schedule(plan.CUDAGRAPH_LEVELS)}
+    four = sum(run.planned_seconds() for run in stage.values())
+    assert 300 + four + 40 < 565  # a cold start of the four engines and every turn fit one call

@@ -115,3 +115,29 @@ def test_the_turnaround_tables_show_the_held_back_side_against_bare_and_each_tur
     text = report.render(results)
     assert "| bare-turnaround | 191 | — | 21,500 (0.90x) | — |" in text
     assert "| bare-turnaround | 256 | 21,000, 190, 11.20, 5.75; 22,000, 190, 11.30, 5.75 |" in text
+
+
+def test_the_cudagraph_tables_show_four_engines_and_the_engine_steps_of_each_turn():
+    def turn(rate, steps, mixed):
+        return {"streams": 256, "tokens_per_s": rate, "wall_s": 10.0, "ttft_ms_p50": 190.0, "tpot_ms_p50": 10.5,
+                "duration_s_max": 5.75, "engine_steps": {"steps": steps, "steps_over_streams": mixed}}  # fmt: skip
+
+    results = [
+        {"name": name, "start_s": 200.0, "levels": [turn(rate, 2_800, mixed), turn(rate, 2_900, mixed)]}
+        for name, rate, mixed in (("bare-h200", 24_000.0, 12), ("bare-turnaround", 21_600.0, 1_400),
+                                  ("full-h200", 24_000.0, 12), ("full-turnaround", 23_040.0, 1_400))
+    ]  # fmt: skip
+    text = report.render(results)
+    assert "| full-turnaround | 200 | 23,040 (0.96x) |" in text
+    assert "| bare-turnaround | 256 | 21,600, 190, 10.50, 5.75, 2,800 steps (1,400 mixed); " in text
+
+
+def test_engine_steps_counts_the_steps_of_a_level_and_those_with_more_tokens_than_its_streams():
+    from benchmarks.gpu.engine_bench import engine_steps
+
+    before = {"128.0": 10.0, "256.0": 50.0, "512.0": 60.0, "+Inf": 61.0}
+    after = {"128.0": 10.0, "256.0": 950.0, "512.0": 1_400.0, "+Inf": 1_461.0}
+    assert engine_steps(before, after, 256) == {"steps": 1_400, "steps_over_streams": 500}
+    # A stream count that is no bound of the histogram: the steps alone.
+    assert engine_steps(before, after, 300) == {"steps": 1_400}
+    assert engine_steps(None, after, 256) is None
