@@ -243,7 +243,7 @@ def runs_for(stage: str, model_dir: str, tok_model_dir: str, adapter_folder: str
     ``interval``: the platform stage's bare engine with one output per token (its profile) and with
     ``stream_interval`` 4 (``interval_runs``). ``turnaround``: that bare engine, and the same with
     each request held back before it goes in, as the platform's admission and hop hold it
-    (``turnaround_runs``). ``cudagraph``: those two, and the same two with full CUDA graphs for
+    (``turnaround_runs``). ``cudagraph``: those two with piecewise and with full CUDA graphs for
     mixed prefill/decode steps (``cudagraph_runs``).
     """
     if stage == "profiles":
@@ -334,20 +334,22 @@ def turnaround_runs(tok_model_dir: str, levels: tuple[int, ...] = TURNAROUND_LEV
 
 
 # The cudagraph stage: 256 streams (the engine's max_num_seqs), where requests that arrive spread out
-# put a prefill into many more engine steps than a wave that arrives at once. With the profile's
-# FULL_AND_PIECEWISE mode such a mixed step runs piecewise CUDA graphs (attention outside them);
-# FULL captures whole-step graphs for mixed batches too (FlashAttention 3, Hopper, supports them).
+# put a prefill into many more engine steps than a wave that arrives at once. FULL_AND_PIECEWISE (vLLM's
+# default) runs such a mixed step on piecewise CUDA graphs (attention outside them); FULL captures
+# whole-step graphs for mixed batches too (FlashAttention 3, on Hopper, supports them).
 CUDAGRAPH_LEVELS = tuple(int(n) for n in os.environ.get("BENCH_CUDAGRAPH_LEVELS", "256").split(","))
-FULL_CUDAGRAPHS = {"compilation_config": {"cudagraph_mode": "FULL"}}
+CUDAGRAPH_MODES = {"piecewise": "FULL_AND_PIECEWISE", "full": "FULL"}
 
 
 def cudagraph_runs(tok_model_dir: str) -> list[EngineRun]:
-    """The turnaround stage's two engines, and the same two with ``FULL_CUDAGRAPHS`` (``full-h200``,
-    ``full-turnaround``), all four taking turns at ``CUDAGRAPH_LEVELS``: whether spread-out arrivals
-    cost the engine time per token, and whether whole-step graphs for mixed steps win it back."""
-    return turnaround_runs(tok_model_dir, CUDAGRAPH_LEVELS) + turnaround_runs(
-        tok_model_dir, CUDAGRAPH_LEVELS, "full", **FULL_CUDAGRAPHS
-    )
+    """The turnaround stage's two engines once per CUDA-graph mode of ``CUDAGRAPH_MODES``
+    (``piecewise-h200``, ``piecewise-turnaround``, ``full-h200``, ``full-turnaround``), whatever the
+    profile sets, all four taking turns at ``CUDAGRAPH_LEVELS``: whether spread-out arrivals cost
+    the engine time per token, and whether whole-step graphs for mixed steps win it back."""
+    runs = []
+    for prefix, mode in CUDAGRAPH_MODES.items():
+        runs += turnaround_runs(tok_model_dir, CUDAGRAPH_LEVELS, prefix, compilation_config={"cudagraph_mode": mode})
+    return runs
 
 
 def platform_worker_overrides() -> dict[str, Any]:

@@ -143,15 +143,15 @@ def test_the_turnaround_stage_holds_back_the_requests_of_one_of_two_identical_ba
     assert 300 + both + 40 < 565  # a cold start of the two engines and both measurements fit one call
 
 
-def test_the_cudagraph_stage_runs_the_turnaround_pair_again_with_full_cuda_graphs_for_mixed_steps():
+def test_the_cudagraph_stage_runs_the_turnaround_pair_with_piecewise_and_with_full_cuda_graphs():
     stage = runs("cudagraph")
-    assert list(stage) == ["bare-h200", "bare-turnaround", "full-h200", "full-turnaround"]
-    bare = stage["bare-h200"].engine_args
-    assert stage["bare-turnaround"].engine_args == bare
-    assert stage["full-h200"].engine_args == stage["full-turnaround"].engine_args == {**bare, **plan.FULL_CUDAGRAPHS}
-    assert stage["bare-h200"].submit_delay_ms is stage["full-h200"].submit_delay_ms is None
-    assert stage["bare-turnaround"].submit_delay_ms == stage["full-turnaround"].submit_delay_ms
-    assert stage["full-turnaround"].submit_delay_ms == (0.0, 2 * plan.TURNAROUND_MS)
+    assert list(stage) == ["piecewise-h200", "piecewise-turnaround", "full-h200", "full-turnaround"]
+    bare = runs("turnaround")["bare-h200"].engine_args
+    for prefix, mode in (("piecewise", "FULL_AND_PIECEWISE"), ("full", "FULL")):
+        as_is, held = stage[f"{prefix}-h200"], stage[f"{prefix}-turnaround"]
+        assert as_is.engine_args == held.engine_args == {**bare, "compilation_config": {"cudagraph_mode": mode}}
+        assert as_is.submit_delay_ms is None
+        assert held.submit_delay_ms == (0.0, 2 * plan.TURNAROUND_MS)
     assert {run.levels for run in stage.values()} == {plan.platform_schedule(plan.CUDAGRAPH_LEVELS)}
     four = sum(run.planned_seconds() for run in stage.values())
     assert 300 + four + 40 < 565  # a cold start of the four engines and every turn fit one call

@@ -124,12 +124,12 @@ def test_the_cudagraph_tables_show_four_engines_and_the_engine_steps_of_each_tur
 
     results = [
         {"name": name, "start_s": 200.0, "levels": [turn(rate, 2_800, mixed), turn(rate, 2_900, mixed)]}
-        for name, rate, mixed in (("bare-h200", 24_000.0, 12), ("bare-turnaround", 21_600.0, 1_400),
+        for name, rate, mixed in (("piecewise-h200", 24_000.0, 12), ("piecewise-turnaround", 21_600.0, 1_400),
                                   ("full-h200", 24_000.0, 12), ("full-turnaround", 23_040.0, 1_400))
     ]  # fmt: skip
     text = report.render(results)
     assert "| full-turnaround | 200 | 23,040 (0.96x) |" in text
-    assert "| bare-turnaround | 256 | 21,600, 190, 10.50, 5.75, 2,800 steps (1,400 mixed); " in text
+    assert "| piecewise-turnaround | 256 | 21,600, 190, 10.50, 5.75, 2,800 steps (1,400 mixed); " in text
 
 
 def test_engine_steps_counts_the_steps_of_a_level_and_those_with_more_tokens_than_its_streams():
