@@ -14,6 +14,7 @@ holds 128 sequences of 640 tokens with room to spare: vLLM reports 146k tokens f
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -352,7 +353,18 @@ def cudagraph_runs(tok_model_dir: str) -> list[EngineRun]:
     return runs
 
 
+def engine_changes() -> dict[str, Any]:
+    """``BENCH_ENGINE_CHANGES``, a JSON object of engine arguments put on top of the h200 profile on
+    both sides of the platform comparison (and of the interval, turnaround and cudagraph stages):
+    a change to the profile measured through the platform without editing the profile."""
+    raw = os.environ.get("BENCH_ENGINE_CHANGES", "").strip()
+    changes = json.loads(raw) if raw else {}
+    if not isinstance(changes, dict):
+        raise ValueError(f"BENCH_ENGINE_CHANGES must be a JSON object, got {raw!r}")
+    return changes
+
+
 def platform_worker_overrides() -> dict[str, Any]:
-    """ENGINE_ARGS_JSON for the platform's worker: random weights and the bench's memory settings
-    (the platform comparison's larger KV cache, the same for its bare engine)."""
-    return {**BENCH_ARGS, "kv_cache_memory_bytes": PLATFORM_KV_CACHE_BYTES}
+    """ENGINE_ARGS_JSON for the platform's worker: ``engine_changes``, random weights and the bench's
+    memory settings (the platform comparison's larger KV cache, the same for its bare engine)."""
+    return {**engine_changes(), **BENCH_ARGS, "kv_cache_memory_bytes": PLATFORM_KV_CACHE_BYTES}

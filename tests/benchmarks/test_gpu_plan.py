@@ -155,3 +155,15 @@ def test_the_cudagraph_stage_runs_the_turnaround_pair_with_piecewise_and_with_fu
     assert {run.levels for run in stage.values()} == {plan.platform_schedule(plan.CUDAGRAPH_LEVELS)}
     four = sum(run.planned_seconds() for run in stage.values())
     assert 300 + four + 40 < 565  # a cold start of the four engines and every turn fit one call
+
+
+def test_bench_engine_changes_go_on_top_of_the_profile_on_both_sides_of_the_platform_comparison(monkeypatch):
+    full = {"compilation_config": {"cudagraph_mode": "FULL"}}
+    monkeypatch.setenv("BENCH_ENGINE_CHANGES", json.dumps(full))
+    bare = runs("platform")["bare-h200"].engine_args
+    worker = plan.platform_worker_overrides()
+    assert bare["compilation_config"] == worker["compilation_config"] == full["compilation_config"]
+    assert bare["quantization"] == "fp8"  # the rest of the profile stays
+    monkeypatch.setenv("BENCH_ENGINE_CHANGES", "[1]")
+    with pytest.raises(ValueError, match="JSON object"):
+        plan.platform_worker_overrides()
