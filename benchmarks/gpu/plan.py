@@ -337,7 +337,9 @@ def turnaround_runs(tok_model_dir: str, levels: tuple[int, ...] = TURNAROUND_LEV
 # The cudagraph stage: 256 streams (the engine's max_num_seqs), where requests that arrive spread out
 # put a prefill into many more engine steps than a wave that arrives at once. FULL_AND_PIECEWISE (vLLM's
 # default) runs such a mixed step on piecewise CUDA graphs (attention outside them); FULL captures
-# whole-step graphs for mixed batches too (FlashAttention 3, on Hopper, supports them).
+# whole-step graphs for mixed batches too (FlashAttention 3, on Hopper, supports them). Four engines
+# of ~29 GiB each (10.4 GiB of weights, the platform stage's 16 GiB KV cache, graphs): an H200's
+# memory, not an H100's.
 CUDAGRAPH_LEVELS = tuple(int(n) for n in os.environ.get("BENCH_CUDAGRAPH_LEVELS", "256").split(","))
 CUDAGRAPH_MODES = {"piecewise": "FULL_AND_PIECEWISE", "full": "FULL"}
 
