@@ -6,10 +6,11 @@ SPEC.json: {"name", "engine_args", "levels"}, and for the adapters stage "adapte
 level) and "adapter_dirs" (PEFT folders, benchmarks/gpu/lora.py); for the turnaround stage
 "submit_delay_ms" ([low, high]: each request held back that long before it goes in). Builds vLLM's
 ``AsyncLLM`` from the arguments, waits for its turn on the GPU (an exclusive lock, as several
-engines start side by side), warms up, runs each level (``measure.py``), writes the result (with the start-up time and the
-resolved scheduler settings) and shuts the engine down. A level with N adapters sends client i's
-requests with adapter i mod N (128 streams over 8 adapters: 16 streams each), after a warm-up
-request per adapter has loaded all N onto the GPU, so loading is not measured; N = 0 is the base model.
+engines start side by side), warms up, runs each level (``measure.py``), writes the result (with the
+start-up time and the resolved scheduler settings) and shuts the engine down. A level with N
+adapters sends client i's requests with adapter i mod N (128 streams over 8 adapters: 16 streams
+each), after a warm-up request per adapter has loaded all N onto the GPU, so loading is not
+measured; N = 0 is the base model.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from benchmarks.gpu import measure
 from benchmarks.gpu.plan import OUTPUT_TOKENS, WARMUP_REQUESTS, WARMUP_TOKENS, level_seconds
+from benchmarks.gpu.worker_metrics import bucket_counts
 from benchmarks.profiling import CpuMeter
 
 
@@ -114,30 +116,9 @@ def step_token_counts() -> dict[str, float] | None:
     try:
         from prometheus_client import REGISTRY
 
-        counts: dict[str, float] = {}
-        for metric in REGISTRY.collect():
-            if "iteration_tokens" in metric.name:
-                for sample in metric.samples:
-                    if sample.name.endswith("_bucket"):
-                        bound = sample.labels["le"]
-                        counts[bound] = counts.get(bound, 0.0) + sample.value
-        return counts or None
+        return bucket_counts(REGISTRY.collect())
     except Exception:
         return None
-
-
-def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None, streams: int) -> dict | None:
-    """The engine steps between two ``step_token_counts``: how many, and how many had more tokens
-    than the level's streams (a full batch of decodes plus prefill tokens: a mixed step), where the
-    histogram has that bound."""
-    if not before or not after or "+Inf" not in after:
-        return None
-    steps = after["+Inf"] - before.get("+Inf", 0.0)
-    bound = f"{float(streams)}"
-    out = {"steps": int(steps)}
-    if bound in after:
-        out["steps_over_streams"] = int(steps - (after[bound] - before.get(bound, 0.0)))
-    return out
 
 
 def lora_requests(spec: dict) -> list:
@@ -200,7 +181,7 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                 level = (await run_level(engine, f"{name}-{index}", streams, seconds, level_seed, high, sampling,
                                          loras=hot, turns=turns, delay_ms=delay_ms)).to_dict()  # fmt: skip
                 after = preemptions()
-                level["engine_steps"] = engine_steps(steps_before, step_token_counts(), streams)
+                level["engine_steps"] = measure.engine_steps(steps_before, step_token_counts(), streams)
                 level["cpu_s"] = cpu.stop()
                 level["target_s"] = round(seconds, 1)
                 level["preemptions"] = None if before is None or after is None else after - before

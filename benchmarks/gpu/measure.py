@@ -288,6 +288,20 @@ def turn_seed(seed: int, levels: list[int], index: int) -> int:
     return seed + 100_003 * levels[:index].count(levels[index])
 
 
+def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None, streams: int) -> dict | None:
+    """The engine steps between two readings of vLLM's histogram of tokens per step (cumulative
+    counts per upper bound, ``le``): how many, and how many had more tokens than the level's streams
+    (a full batch of decodes plus prefill tokens: a mixed step), where the histogram has that bound."""
+    if not before or not after or "+Inf" not in after:
+        return None
+    steps = after["+Inf"] - before.get("+Inf", 0.0)
+    bound = f"{float(streams)}"
+    out = {"steps": int(steps)}
+    if bound in after:
+        out["steps_over_streams"] = int(steps - (after[bound] - before.get(bound, 0.0)))
+    return out
+
+
 def turn_order(sides: list[str], levels: int) -> list[str]:
     """The turns of a comparison, ``side:level`` in the order they run: every level once per side,
     the sides alternating level by level and taking the first place in turn (A B, B A, A B, ...),

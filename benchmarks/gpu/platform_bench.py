@@ -9,8 +9,11 @@ registered on pool ``gpu``, a tenant and an API key, then gunicorn with ``deploy
 Celery beat and one Celery worker (``--pool threads``, which a model worker runs as
 ``workers.requestpool.RequestPool``) hosting the engine with the ``h200`` profile
 (``ENGINE_PROFILE=h200``; ``ENGINE_ARGS_JSON`` adds random weights, the bench's fixed KV cache and
-any ``BENCH_ENGINE_CHANGES``, see plan.py ``platform_worker_overrides``). Clients stream ``/v1/completions`` with the prompt as token ids, ``ignore_eos``
-and ``stream_options.include_usage`` (the generated-token count is the server's own usage).
+any ``BENCH_ENGINE_CHANGES``, see plan.py ``platform_worker_overrides``). Clients stream
+``/v1/completions`` with the prompt as token ids, ``ignore_eos`` and
+``stream_options.include_usage`` (the generated-token count is the server's own usage). The worker
+runs behind ``worker_metrics.py``, which serves its process's Prometheus metrics: each level counts
+the engine's steps, and the mixed ones, as engine_bench.py does for the bare engine.
 
 With ``BENCH_PROFILE_WORKER_HZ`` set (samples per second, e.g. 100), py-spy samples the worker
 process during every turn (the thread holding the interpreter lock only, so the figures are shares
@@ -32,6 +35,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks.gpu import measure, plan
+from benchmarks.gpu.worker_metrics import read_step_token_counts
 from benchmarks.profiling import CpuMeter, PySpy, hot_functions, shares
 from deploy.local.launcher import Child, beat_command, http_status, manage, stop_all, web_command, worker_command
 
@@ -107,8 +111,14 @@ class Stack:
         return manage(self.env, *args)
 
     def start(self) -> None:
+        from deploy.local.services import free_port
+
+        # Celery's command line after "python -m celery", behind the wrapper that serves the
+        # worker's Prometheus metrics (the engine's steps, worker_metrics.py).
+        self.metrics_port = free_port()
+        celery_args = worker_command("gpu", f"pool.{POOL},control", WORKER_THREADS)[3:]
         commands = {
-            "worker": worker_command("gpu", f"pool.{POOL},control", WORKER_THREADS),
+            "worker": [sys.executable, "-m", "benchmarks.gpu.worker_metrics", str(self.metrics_port), *celery_args],
             "beat": beat_command(self.state_dir / "beat-schedule"),
             "web": web_command(),
         }
@@ -244,17 +254,20 @@ def bench(args) -> dict:
                     seed = measure.turn_seed(args.seed, args.levels, index)
                     counts = turns.request_counts(streams)
                     spy = _worker_spy(stack, f"worker-{index:02d}-{streams}", args.log_dir / "profiles")
+                    steps_before = read_step_token_counts(stack.metrics_port)
                     cpu.start()
                     level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, seed,
                                                           args.prompt_id_high, plan.OUTPUT_TOKENS,
                                                           counts=counts))  # fmt: skip
                     turns.keep_request_counts(streams, records)
+                    steps = measure.engine_steps(steps_before, read_step_token_counts(stack.metrics_port), streams)
                     result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1),
-                                             "error_samples": errors, "cpu_s": cpu.stop(),
+                                             "error_samples": errors, "cpu_s": cpu.stop(), "engine_steps": steps,
                                              **_worker_profile(spy)})  # fmt: skip
                 level_records.append(records)
                 print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s over {level.wall_s:.1f} s "
-                      f"(ttft p50 {level.ttft_ms_p50} ms, batch {level.max_generating}, errors {level.errors})",
+                      f"(ttft p50 {level.ttft_ms_p50} ms, batch {level.max_generating}, errors {level.errors}, "
+                      f"steps {steps})",
                       flush=True)  # fmt: skip
             result["waited_for_gpu_s"] = round(turns.waited, 1)
             _add_ttft_breakdown(result["levels"], level_records, stack.env["DATABASE_URL"])

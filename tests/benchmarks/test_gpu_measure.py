@@ -338,3 +338,30 @@ def test_without_a_turn_order_every_level_is_timed(tmp_path):
     turns = measure.Turns(tmp_path, "h200", tmp_path / "gpu.lock")
     turns.keep_request_counts(4, _records([2, 2, 1, 3]))
     assert turns.request_counts(4) is None
+
+
+def test_engine_steps_counts_the_steps_of_a_level_and_those_with_more_tokens_than_its_streams():
+    before = {"128.0": 10.0, "256.0": 50.0, "512.0": 60.0, "+Inf": 61.0}
+    after = {"128.0": 10.0, "256.0": 950.0, "512.0": 1_400.0, "+Inf": 1_461.0}
+    assert measure.engine_steps(before, after, 256) == {"steps": 1_400, "steps_over_streams": 500}
+    # A stream count that is no bound of the histogram: the steps alone.
+    assert measure.engine_steps(before, after, 300) == {"steps": 1_400}
+    assert measure.engine_steps(None, after, 256) is None
+
+
+def test_the_steps_histogram_is_read_from_a_metrics_page_as_vllm_writes_it():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from benchmarks.gpu.worker_metrics import step_token_counts_from_text
+
+    registry = CollectorRegistry()
+    # vLLM 0.26's metric (vllm/v1/metrics/loggers.py): one series per engine, by label.
+    steps = Histogram("vllm:iteration_tokens_total", "tokens per engine step", ["engine"], registry=registry,
+                      buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])  # fmt: skip
+    for tokens in (256, 256, 250, 384, 8192):
+        steps.labels(engine="0").observe(tokens)
+    counts = step_token_counts_from_text(generate_latest(registry).decode())
+    assert counts["256.0"] == 3 and counts["512.0"] == 4 and counts["+Inf"] == 5
+    assert measure.engine_steps({}, counts, 256) is None  # no reading before: nothing to count from
+    assert measure.engine_steps({"+Inf": 0.0}, counts, 256) == {"steps": 5, "steps_over_streams": 2}
+    assert step_token_counts_from_text("# no metrics here\n") is None

@@ -130,14 +130,3 @@ def test_the_cudagraph_tables_show_four_engines_and_the_engine_steps_of_each_tur
     text = report.render(results)
     assert "| full-turnaround | 200 | 23,040 (0.96x) |" in text
     assert "| piecewise-turnaround | 256 | 21,600, 190, 10.50, 5.75, 2,800 steps (1,400 mixed); " in text
-
-
-def test_engine_steps_counts_the_steps_of_a_level_and_those_with_more_tokens_than_its_streams():
-    from benchmarks.gpu.engine_bench import engine_steps
-
-    before = {"128.0": 10.0, "256.0": 50.0, "512.0": 60.0, "+Inf": 61.0}
-    after = {"128.0": 10.0, "256.0": 950.0, "512.0": 1_400.0, "+Inf": 1_461.0}
-    assert engine_steps(before, after, 256) == {"steps": 1_400, "steps_over_streams": 500}
-    # A stream count that is no bound of the histogram: the steps alone.
-    assert engine_steps(before, after, 300) == {"steps": 1_400}
-    assert engine_steps(None, after, 256) is None

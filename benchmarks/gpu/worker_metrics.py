@@ -1,0 +1,56 @@
+"""The platform's Celery worker with its process's Prometheus metrics served over HTTP (GPU bench).
+
+    python -m benchmarks.gpu.worker_metrics PORT -A workers.worker worker --pool threads ...
+
+Everything after PORT is Celery's own command line. vLLM's engine client records its metrics in the
+process that hosts it, here the worker, in Prometheus's default registry; the platform serves none
+of them. The platform stage reads them before and after each turn (``read_step_token_counts``), so
+that the platform's engine steps are counted as the bare engine's are (engine_bench.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+
+
+def step_token_counts_from_text(text: str) -> dict[str, float] | None:
+    """``measure.step_token_counts`` from a Prometheus text exposition (a /metrics page)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return bucket_counts(text_string_to_metric_families(text))
+
+
+def bucket_counts(families) -> dict[str, float] | None:
+    counts: dict[str, float] = {}
+    for family in families:
+        if "iteration_tokens" in family.name:
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    bound = sample.labels["le"]
+                    counts[bound] = counts.get(bound, 0.0) + sample.value
+    return counts or None
+
+
+def read_step_token_counts(port: int, timeout: float = 5.0) -> dict[str, float] | None:
+    """The worker's histogram of tokens per engine step, None if it cannot be read (the turn is
+    measured anyway, without its steps)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
+            return step_token_counts_from_text(response.read().decode())
+    except (OSError, ValueError):
+        return None
+
+
+def main(argv: list[str]) -> None:
+    from prometheus_client import start_http_server
+
+    start_http_server(int(argv[0]), addr="127.0.0.1")
+    from celery.__main__ import main as celery_main
+
+    sys.argv = ["celery", *argv[1:]]
+    celery_main()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
