@@ -225,7 +225,7 @@ def render(results_list: list[dict]) -> str:
     from benchmarks.gpu.plan import CAPACITY_LEVELS, PLATFORM_LEVELS, PROFILE_LEVELS
 
     results = by_name(results_list)
-    engines = [n for n in results if not n.startswith(("platform", "bare", "cap-", "lora-"))]
+    engines = [n for n in results if not n.startswith(("platform", "bare", "cap-", "lora-", "piecewise-", "full-"))]
     capacity = sorted(n for n in results if n.startswith("cap-"))
     order = ["stock", "h200", "a10g"] + sorted(n for n in engines if n not in ("stock", "h200", "a10g"))
     parts = [
@@ -244,6 +244,9 @@ def render(results_list: list[dict]) -> str:
         "",
         goals_table(results),
     ]
+    if "platform-h200" in results:
+        parts += ["", "Each turn of the platform comparison:",
+                  turns_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS)]  # fmt: skip
     if capacity:
         order = ["cap-h200"] + [n for n in capacity if n != "cap-h200"]
         parts += ["", "Capacity, bare engine (output tokens/s, ratio to cap-h200 in the same run; batch: most "
