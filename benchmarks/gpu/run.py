@@ -11,7 +11,8 @@ detokenization), ``adapters`` (tenants' LoRA adapters: the h200 profile with LoR
 spread over 0, 1, 8 and 32 adapters, written first by ``lora.py``, and h200 without LoRA),
 ``interval`` (the platform stage's bare engine with ``stream_interval`` 1 and 4), ``turnaround``
 (that bare engine as it is and with each request held back as the platform holds it),
-``cudagraph`` (those two, and the same two with full CUDA graphs for mixed steps). Every
+``cudagraph`` (those two with vLLM's default piecewise CUDA graphs for mixed steps, and with
+full ones). Every
 level runs for ``plan.level_seconds``, shortened by one common factor when a slow start leaves less
 time before the deadline.
 
