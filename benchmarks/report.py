@@ -65,6 +65,27 @@ def ratios(summaries: Sequence[LevelSummary]) -> list[dict]:
     return out
 
 
+def round_ratios(summaries: Sequence[LevelSummary]) -> dict[int, list[float | None]]:
+    """Per concurrency, platform/bare throughput round by round (the two took turns next to each
+    other in each round): a level whose rounds disagree says more about the machine than the code."""
+    by = _by(summaries)
+    out = {}
+    for level in sorted({s.concurrency for s in summaries}):
+        plat, bare = by.get(("platform", level)), by.get(("bare", level))
+        if plat and bare and plat.round_tok_s and len(plat.round_tok_s) == len(bare.round_tok_s):
+            out[level] = [ratio(p, b) for p, b in zip(plat.round_tok_s, bare.round_tok_s, strict=True)]
+    return out
+
+
+def round_ratios_line(summaries: Sequence[LevelSummary]) -> str:
+    """``round_ratios`` as one line; empty without both targets."""
+    per_level = round_ratios(summaries)
+    if not per_level:
+        return ""
+    cells = "; ".join(f"{level} streams {' / '.join(_fmt(r, 3) for r in rs)}" for level, rs in per_level.items())
+    return f"Platform / bare, round by round: {cells}."
+
+
 def ratios_table(rows: list[dict]) -> str:
     head = (
         "| streams | platform / bare | platform / LiteLLM | LiteLLM / bare | TTFT p50 overhead, platform (ms) "
@@ -149,13 +170,14 @@ def section(summaries: Sequence[LevelSummary], context: str, image_name: str, ex
         results_table(summaries),
         "### Ratios",
         ratios_table(rows),
+        round_ratios_line(summaries),
         "### Goals",
         "\n".join(goals(rows)),
     ]
     if extra:
         parts.append(extra)
     parts.append(END)
-    return "\n\n".join(parts) + "\n"
+    return "\n\n".join(part for part in parts if part) + "\n"
 
 
 def write_into(doc: Path, generated: str) -> None:

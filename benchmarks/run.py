@@ -250,6 +250,7 @@ def measure_all(targets: dict[str, Target], plan: Plan) -> tuple[list[LevelSumma
     for level in plan.levels:
         pooled: dict[str, tuple[list, float, dict]] = {name: ([], 0.0, {}) for name in names}
         waves: dict[str, list] = {name: [] for name in names}
+        per_round: dict[str, list[float]] = {name: [] for name in names}
         for round_no in range(plan.rounds):
             order = names[round_no % len(names) :] + names[: round_no % len(names)]
             for name in order:
@@ -257,6 +258,9 @@ def measure_all(targets: dict[str, Target], plan: Plan) -> tuple[list[LevelSumma
                 results, duration, cpu, text = run_one(targets[name], plan, level, index, profile)
                 index += len(results)
                 waves[name] += first_wave(results, level)
+                per_round[name].append(
+                    round(sum(r.completion_tokens for r in results if r.ok) / max(duration, 1e-9), 1)
+                )
                 profile_text = text or profile_text
                 old_results, old_duration, old_cpu = pooled[name]
                 cpu_sum = {k: round(old_cpu.get(k, 0) + v, 2) for k, v in cpu.items()}
@@ -264,7 +268,7 @@ def measure_all(targets: dict[str, Target], plan: Plan) -> tuple[list[LevelSumma
         for name in names:
             results, duration, cpu = pooled[name]
             summary = summarize(name, level, results, duration, plan.output_tokens, first_waves=waves[name])
-            summary.cpu_s = cpu
+            summary.cpu_s, summary.round_tok_s = cpu, per_round[name]
             log(f"{name:8s} {level:3d} streams: {summary.output_tok_s:8.1f} tok/s  TTFT p50 {summary.ttft_p50_ms} ms"
                 f" (first wave {summary.first_wave_ttft_p50_ms})  ITL p50 {summary.itl_p50_ms} ms"
                 f"  errors {summary.errors + summary.short}  cpu {cpu}")  # fmt: skip
@@ -351,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     raw.write_text(json.dumps(dump, indent=2, default=str))
     print(report.results_table(summaries))
     print(report.ratios_table(report.ratios(summaries)))
+    print(report.round_ratios_line(summaries))
     print("\n".join(report.goals(report.ratios(summaries))))
     log(f"raw results: {raw}")
     return finish(plan, summaries, started)

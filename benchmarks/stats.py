@@ -88,6 +88,8 @@ class LevelSummary:
     # `first_wave`); None when no wave was given.
     first_wave_ttft_p50_ms: float | None = None
     cpu_s: dict = field(default_factory=dict)  # CPU seconds per process group during the level
+    # Output tokens/s of each round on its own (the level pools them): how far the rounds spread.
+    round_tok_s: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)

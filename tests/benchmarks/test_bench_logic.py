@@ -185,6 +185,17 @@ class TestReport:
         }]  # fmt: skip
         assert "- [x] platform throughput ≥ 0.95 of bare at 32 streams: 0.960" in report.goals(rows)
 
+    def test_each_round_is_compared_with_the_bare_round_it_took_turns_with(self):
+        bare, platform = _summary("bare", 64, 1000, 100), _summary("platform", 64, 900, 120)
+        bare.round_tok_s, platform.round_tok_s = [1000.0, 800.0, 1200.0], [990.0, 640.0, 1200.0]
+        assert report.round_ratios([bare, platform]) == {64: [0.99, 0.8, 1.0]}
+        assert report.round_ratios_line([bare, platform]) == (
+            "Platform / bare, round by round: 64 streams 0.990 / 0.800 / 1.000."
+        )
+        # Without both targets' rounds there is nothing to compare, and the section leaves it out.
+        assert report.round_ratios([bare]) == {} and report.round_ratios_line([bare]) == ""
+        assert "\n\n\n" not in report.section([bare], "context", "plot.png")
+
     def test_the_generated_section_replaces_only_itself(self, tmp_path):
         doc = tmp_path / "benchmarks.md"
         doc.write_text(f"# Benchmarks\n\nintro\n\n{report.BEGIN}\nold\n{report.END}\n\n## GPU profile\n\nkept\n")
