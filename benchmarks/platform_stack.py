@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
+from benchmarks.gpu.worker_metrics import behind_metrics
 from benchmarks.procs import ROOT, STATE_DIR, Child, engine_cpu_env, free_port
 from deploy.local.launcher import beat_command, manage, stop_all, wait_worker_ready, web_command, worker_command
 
@@ -51,12 +52,15 @@ class PlatformStack:
     def __init__(
         self, model_dir: str, served_model_name: str, extra_env: dict[str, str] | None = None,
         database: str = BENCH_DATABASE, *, source: Path = ROOT, redis_db: int | None = None,
-        label: str = "platform",
+        label: str = "platform", metrics_port: int | None = None,
     ) -> None:  # fmt: skip
         """``source``: the checkout whose code the processes run (another version of the platform,
         a ``git worktree``, for a side-by-side comparison; the same database schema); ``redis_db``:
-        its Redis database (default BENCH_REDIS_DB or 12); ``label`` names its processes."""
+        its Redis database (default BENCH_REDIS_DB or 12); ``label`` names its processes;
+        ``metrics_port``: the worker serves its process's Prometheus metrics there (the engine's
+        steps, benchmarks/gpu/worker_metrics.py)."""
         self.model_dir, self.model_name = str(Path(model_dir).resolve()), served_model_name
+        self.metrics_port = metrics_port
         self.database = database  # dropped and re-created on entry
         self.source, self.label = Path(source).resolve(), label
         self.redis_db = int(os.environ.get("BENCH_REDIS_DB", "12")) if redis_db is None else redis_db
@@ -117,6 +121,8 @@ class PlatformStack:
 
     def _children(self) -> list[Child]:
         worker = worker_command("bench", f"pool.{POOL},control", self.worker_concurrency, loglevel="WARNING")
+        if self.metrics_port:
+            worker = behind_metrics(worker, self.metrics_port)
         schedule = STATE_DIR / f"{self.label}-celerybeat-schedule"
         return [
             Child(f"{self.label}-web", web_command(), self.env, cwd=self.source),

@@ -86,6 +86,21 @@ def round_ratios_line(summaries: Sequence[LevelSummary]) -> str:
     return f"Platform / bare, round by round: {cells}."
 
 
+def steps_table(summaries: Sequence[LevelSummary]) -> str:
+    """Markdown (with --engine-steps): each round's engine steps per target and level, as "steps
+    (completion tokens per step, mixed steps)"; a round not counted shows –."""
+    rows = ["| target | streams | engine steps per round (tokens per step, mixed steps) |", "|---|--:|---|"]
+    for s in summaries:
+        if not s.round_steps:
+            continue
+        cells = " / ".join(
+            f"{r['steps']:,} ({_fmt(r.get('tokens_per_step'))}, {r.get('steps_over_streams', '–')})" if r else "–"
+            for r in s.round_steps
+        )
+        rows.append(f"| {TARGET_LABELS.get(s.target, s.target)} | {s.concurrency} | {cells} |")
+    return "\n".join(rows)
+
+
 def ratios_table(rows: list[dict]) -> str:
     head = (
         "| streams | platform / bare | platform / LiteLLM | LiteLLM / bare | TTFT p50 overhead, platform (ms) "

@@ -20,7 +20,9 @@ machine, the core vLLM's CPU backend leaves to them; see benchmarks/procs.py).
 ENGINE_ENFORCE_EAGER defaults to false here (compiled engine, ~3x faster decode: the harder case
 for a serving layer, whose per-token work then weighs more), as the cpu profile suggests for
 benchmarks. Platform tuning knobs (WEB_CONCURRENCY, GATEWAY_THREADS, BENCH_WORKER_CONCURRENCY...)
-pass through the environment or ``--platform-env NAME=VALUE``.
+pass through the environment or ``--platform-env NAME=VALUE``. ``--engine-steps`` turns vLLM's
+statistics on in both engines and counts each round's engine steps (how full the engine's batch
+was: completion tokens per step, and the steps that mixed a prefill in).
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ import os
 import platform as py_platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from benchmarks import report
+from benchmarks.gpu import measure as gpu_measure
+from benchmarks.gpu.worker_metrics import read_step_token_counts, read_step_token_counts_at
 from benchmarks.loadgen import Workload, run_requests
-from benchmarks.procs import ROOT, STATE_DIR, frontend_cpus
+from benchmarks.procs import ROOT, STATE_DIR, free_port, frontend_cpus
 from benchmarks.profiling import CpuMeter, PySpy, hot_functions, top_inclusive
 from benchmarks.stats import LevelSummary, first_wave, summarize
 
@@ -59,6 +64,7 @@ class Plan:
     platform_env: dict[str, str] = field(default_factory=dict)
     write_docs: bool = True
     rounds: int = 2
+    engine_steps: bool = False
 
     def requests_per_round(self, level: int) -> int:
         return max(level, -(-self.requests[level] // self.rounds))
@@ -99,6 +105,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         platform_env=env,
         write_docs=not args.no_docs,
         rounds=args.rounds or (2 if quick else 3),
+        engine_steps=args.engine_steps,
     )
 
 
@@ -145,6 +152,8 @@ class Target:
     services: list  # objects with pause()/resume(), e.g. [BareEngine, LiteLLMProxy]
     cpu_groups: dict  # CpuMeter groups
     profile_pids: dict | None = None  # name -> (pid, with subprocesses) for py-spy
+    # With --engine-steps: reads its engine's histogram of tokens per step (measure.engine_steps).
+    read_steps: Callable[[], dict | None] | None = None
 
     def pause(self) -> None:
         for service in reversed(self.services):
@@ -167,16 +176,21 @@ def start_targets(plan: Plan, model_dir: str, stack: contextlib.ExitStack) -> di
         bare = stack.enter_context(BareEngine(model_dir, MODEL_NAME))
         groups = {"api server": (bare.child.pid, "self"), "engine": (bare.child.pid, "children")}
         bare.pause()
-        targets["bare"] = Target("bare", bare.base_url, None, [bare], groups)
+        bare_steps = (lambda: read_step_token_counts_at(f"http://127.0.0.1:{bare.port}/metrics")) \
+            if plan.engine_steps else None  # fmt: skip
+        targets["bare"] = Target("bare", bare.base_url, None, [bare], groups, read_steps=bare_steps)
         if "litellm" in plan.targets:
             log("starting the LiteLLM proxy")
             proxy = stack.enter_context(LiteLLMProxy(MODEL_NAME, bare.base_url))
             proxy.pause()
             targets["litellm"] = Target("litellm", proxy.base_url, proxy.api_key, [bare, proxy],
-                                        {"litellm": (proxy.child.pid, "tree"), **groups})  # fmt: skip
+                                        {"litellm": (proxy.child.pid, "tree"), **groups},
+                                        read_steps=bare_steps)  # fmt: skip
     if "platform" in plan.targets:
         log("starting the platform (gunicorn, Celery worker with the engine, beat)")
-        platform = stack.enter_context(PlatformStack(model_dir, MODEL_NAME, extra_env=plan.platform_env))
+        metrics_port = free_port() if plan.engine_steps else None
+        platform = stack.enter_context(PlatformStack(model_dir, MODEL_NAME, extra_env=plan.platform_env,
+                                                     metrics_port=metrics_port))  # fmt: skip
         platform.pause()
         pids = platform.pids()
         web, worker = pids["platform-web"], pids["platform-worker"]
@@ -184,17 +198,21 @@ def start_targets(plan: Plan, model_dir: str, stack: contextlib.ExitStack) -> di
             "platform", platform.base_url, platform.api_key, [platform],
             {"gateway": (web, "tree"), "worker": (worker, "self"), "engine": (worker, "children")},
             {"gateway": (web, True), "worker": (worker, False)},
+            read_steps=(lambda: read_step_token_counts(metrics_port)) if metrics_port else None,
         )  # fmt: skip
     if "bare" not in plan.targets:
         targets.pop("bare", None)
     return targets
 
 
-def run_one(target: Target, plan: Plan, level: int, first_index: int, profile: bool) -> tuple[list, float, dict, str]:
-    """One round of one level on one target (resumed for it): raw results, wall time, CPU seconds, profile."""
+def run_one(target: Target, plan: Plan, level: int, first_index: int,
+            profile: bool) -> tuple[list, float, dict, str, dict | None]:  # fmt: skip
+    """One round of one level on one target (resumed for it): raw results, wall time, CPU seconds,
+    profile, and with --engine-steps its engine steps (``round_steps``)."""
     target.resume()
     try:
         settle_after_resume(target, plan, level, first_index)
+        steps_before = target.read_steps() if target.read_steps else None
         meter = CpuMeter(target.cpu_groups)
         meter.start()
         requests, text = plan.requests_per_round(level), ""
@@ -206,9 +224,29 @@ def run_one(target: Target, plan: Plan, level: int, first_index: int, profile: b
         else:
             results, duration = run_requests(target.base_url, target.api_key, plan.workload, level, requests,
                                              first_index)  # fmt: skip
-        return results, duration, meter.stop(), text
+        cpu = meter.stop()
+        return results, duration, cpu, text, _round_steps(target, steps_before, level, results)
     finally:
         target.pause()
+
+
+def _round_steps(target: Target, before: dict | None, level: int, results: list) -> dict | None:
+    """The round's engine steps since ``before``, with the completion tokens per step. The engine
+    records a step's statistics beside handing its outputs on, so the last ones may come a moment
+    after the last response: read until they stop growing (a second at most)."""
+    if target.read_steps is None or before is None:
+        return None
+    steps, deadline = None, time.monotonic() + 1.0
+    while True:
+        latest = gpu_measure.engine_steps(before, target.read_steps(), level)
+        if latest is None or (steps is not None and latest["steps"] == steps["steps"]) or time.monotonic() > deadline:
+            steps = latest or steps
+            break
+        steps = latest
+        time.sleep(0.1)
+    if steps and steps["steps"]:
+        steps["tokens_per_step"] = round(sum(r.completion_tokens for r in results if r.ok) / steps["steps"], 1)
+    return steps
 
 
 def settle_after_resume(target: Target, plan: Plan, level: int, first_index: int) -> None:
@@ -251,11 +289,13 @@ def measure_all(targets: dict[str, Target], plan: Plan) -> tuple[list[LevelSumma
         pooled: dict[str, tuple[list, float, dict]] = {name: ([], 0.0, {}) for name in names}
         waves: dict[str, list] = {name: [] for name in names}
         per_round: dict[str, list[float]] = {name: [] for name in names}
+        round_steps: dict[str, list] = {name: [] for name in names}
         for round_no in range(plan.rounds):
             order = names[round_no % len(names) :] + names[: round_no % len(names)]
             for name in order:
                 profile = level == plan.profile_level and round_no == 0
-                results, duration, cpu, text = run_one(targets[name], plan, level, index, profile)
+                results, duration, cpu, text, steps = run_one(targets[name], plan, level, index, profile)
+                round_steps[name].append(steps)
                 index += len(results)
                 waves[name] += first_wave(results, level)
                 per_round[name].append(
@@ -269,6 +309,8 @@ def measure_all(targets: dict[str, Target], plan: Plan) -> tuple[list[LevelSumma
             results, duration, cpu = pooled[name]
             summary = summarize(name, level, results, duration, plan.output_tokens, first_waves=waves[name])
             summary.cpu_s, summary.round_tok_s = cpu, per_round[name]
+            if plan.engine_steps:
+                summary.round_steps = round_steps[name]
             log(f"{name:8s} {level:3d} streams: {summary.output_tok_s:8.1f} tok/s  TTFT p50 {summary.ttft_p50_ms} ms"
                 f" (first wave {summary.first_wave_ttft_p50_ms})  ITL p50 {summary.itl_p50_ms} ms"
                 f"  errors {summary.errors + summary.short}  cpu {cpu}")  # fmt: skip
@@ -327,7 +369,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="environment for the platform's processes (tuning experiments)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=0, help="turns per target and level (2 quick, 3 full)")
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md and the plot")
+    parser.add_argument("--engine-steps", action="store_true",
+                        help="vLLM's statistics on in both engines; count each round's engine steps")  # fmt: skip
     return parser
+
+
+def turn_engine_statistics_on() -> None:
+    """vLLM's statistics on in every engine the bench starts, for its histogram of tokens per step:
+    both the bare server and the platform's worker read ENGINE_ARGS_JSON (workers/profiles.py)."""
+    overrides = json.loads(os.environ.get("ENGINE_ARGS_JSON") or "{}")
+    os.environ["ENGINE_ARGS_JSON"] = json.dumps({**overrides, "disable_log_stats": False})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, frontend_cpus())  # the load generator joins the serving processes' cores
     # Compiled engine unless the caller chose: the cpu profile's advice for benchmarks.
     os.environ.setdefault("ENGINE_ENFORCE_EAGER", "false")
+    if plan.engine_steps:
+        turn_engine_statistics_on()
     from workers.tinymodel import build_tiny_model
 
     model_dir = str(build_tiny_model(ROOT / ".run" / "models" / MODEL_NAME))
@@ -356,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report.results_table(summaries))
     print(report.ratios_table(report.ratios(summaries)))
     print(report.round_ratios_line(summaries))
+    if plan.engine_steps:
+        print(report.steps_table(summaries))
     print("\n".join(report.goals(report.ratios(summaries))))
     log(f"raw results: {raw}")
     return finish(plan, summaries, started)

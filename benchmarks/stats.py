@@ -90,6 +90,9 @@ class LevelSummary:
     cpu_s: dict = field(default_factory=dict)  # CPU seconds per process group during the level
     # Output tokens/s of each round on its own (the level pools them): how far the rounds spread.
     round_tok_s: list = field(default_factory=list)
+    # With --engine-steps: each round's engine steps (``steps``, ``steps_over_streams``: the mixed
+    # ones, ``tokens_per_step``: completion tokens per step), None for a round not counted.
+    round_steps: list = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 
 from benchmarks.gpu import measure, plan
-from benchmarks.gpu.worker_metrics import read_step_token_counts
+from benchmarks.gpu.worker_metrics import behind_metrics, read_step_token_counts
 from benchmarks.profiling import CpuMeter, PySpy, hot_functions, shares
 from deploy.local.launcher import Child, beat_command, http_status, manage, stop_all, web_command, worker_command
 
@@ -113,12 +113,10 @@ class Stack:
     def start(self) -> None:
         from deploy.local.services import free_port
 
-        # Celery's command line after "python -m celery", behind the wrapper that serves the
-        # worker's Prometheus metrics (the engine's steps, worker_metrics.py).
+        # The worker behind the wrapper that serves its Prometheus metrics (the engine's steps).
         self.metrics_port = free_port()
-        celery_args = worker_command("gpu", f"pool.{POOL},control", WORKER_THREADS)[3:]
         commands = {
-            "worker": [sys.executable, "-m", "benchmarks.gpu.worker_metrics", str(self.metrics_port), *celery_args],
+            "worker": behind_metrics(worker_command("gpu", f"pool.{POOL},control", WORKER_THREADS), self.metrics_port),
             "beat": beat_command(self.state_dir / "beat-schedule"),
             "web": web_command(),
         }

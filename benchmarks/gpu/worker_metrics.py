@@ -14,6 +14,14 @@ import sys
 import urllib.request
 
 
+def behind_metrics(celery_argv: list[str], port: int) -> list[str]:
+    """``celery_argv`` (``python -m celery ...``, deploy/local/launcher.py ``worker_command``) run
+    behind this wrapper, its metrics served on ``port``."""
+    if celery_argv[1:3] != ["-m", "celery"]:
+        raise ValueError(f"not a 'python -m celery' command line: {celery_argv[:3]}")
+    return [sys.executable, "-m", "benchmarks.gpu.worker_metrics", str(port), *celery_argv[3:]]
+
+
 def step_token_counts_from_text(text: str) -> dict[str, float] | None:
     """``measure.step_token_counts`` from a Prometheus text exposition (a /metrics page)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -35,8 +43,14 @@ def bucket_counts(families) -> dict[str, float] | None:
 def read_step_token_counts(port: int, timeout: float = 5.0) -> dict[str, float] | None:
     """The worker's histogram of tokens per engine step, None if it cannot be read (the turn is
     measured anyway, without its steps)."""
+    return read_step_token_counts_at(f"http://127.0.0.1:{port}/metrics", timeout)
+
+
+def read_step_token_counts_at(url: str, timeout: float = 5.0) -> dict[str, float] | None:
+    """The histogram of tokens per engine step on the metrics page at ``url`` (the worker's here, or
+    vLLM's own server's /metrics); None if it cannot be read."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return step_token_counts_from_text(response.read().decode())
     except (OSError, ValueError):
         return None

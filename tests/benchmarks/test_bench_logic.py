@@ -196,6 +196,13 @@ class TestReport:
         assert report.round_ratios([bare]) == {} and report.round_ratios_line([bare]) == ""
         assert "\n\n\n" not in report.section([bare], "context", "plot.png")
 
+    def test_the_steps_table_shows_each_round_and_how_full_the_batch_was(self):
+        bare, platform = _summary("bare", 32, 1000, 100), _summary("platform", 32, 900, 120)
+        bare.round_steps = [{"steps": 524, "steps_over_streams": 16, "tokens_per_step": 31.3}, None]
+        table = report.steps_table([bare, platform])
+        assert "| bare vLLM server | 32 | 524 (31.3, 16) / – |" in table
+        assert "| platform |" not in table  # not counted: no row
+
     def test_the_generated_section_replaces_only_itself(self, tmp_path):
         doc = tmp_path / "benchmarks.md"
         doc.write_text(f"# Benchmarks\n\nintro\n\n{report.BEGIN}\nold\n{report.END}\n\n## GPU profile\n\nkept\n")
@@ -238,3 +245,26 @@ class TestProfiles:
         assert frame_key(frame) == "redis/commands/core.py:xread"
         assert frame_key("<module>") == "<module>"
         assert parse_collapsed(["garbage"]) == Counter()
+
+
+def test_engine_steps_turn_statistics_on_for_both_engines_and_keep_other_overrides(monkeypatch):
+    from benchmarks.run import build_parser, plan_from, turn_engine_statistics_on
+    from workers.profiles import engine_args_for
+
+    assert plan_from(build_parser().parse_args(["--engine-steps"])).engine_steps
+    assert not plan_from(build_parser().parse_args([])).engine_steps
+    monkeypatch.setenv("ENGINE_ARGS_JSON", '{"max_num_seqs": 8}')
+    turn_engine_statistics_on()
+    args = engine_args_for("cpu", "/m")  # what the bare server and the platform's worker both run
+    assert args["disable_log_stats"] is False and args["max_num_seqs"] == 8
+
+
+def test_the_metrics_wrapper_takes_celery_command_lines_only():
+    from benchmarks.gpu.worker_metrics import behind_metrics
+    from deploy.local.launcher import worker_command
+
+    argv = worker_command("w", "pool.p", 4)
+    wrapped = behind_metrics(argv, 9100)
+    assert wrapped[1:4] == ["-m", "benchmarks.gpu.worker_metrics", "9100"] and wrapped[4:] == argv[3:]
+    with pytest.raises(ValueError, match="celery"):
+        behind_metrics(["python", "manage.py", "runserver"], 9100)
