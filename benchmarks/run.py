@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from benchmarks import report
 from benchmarks.gpu import measure as gpu_measure
-from benchmarks.gpu.worker_metrics import read_step_token_counts, read_step_token_counts_at
+from benchmarks.gpu.worker_metrics import read_step_token_counts
 from benchmarks.loadgen import Workload, run_requests
 from benchmarks.procs import ROOT, STATE_DIR, free_port, frontend_cpus
 from benchmarks.profiling import CpuMeter, PySpy, hot_functions, top_inclusive
@@ -176,8 +176,7 @@ def start_targets(plan: Plan, model_dir: str, stack: contextlib.ExitStack) -> di
         bare = stack.enter_context(BareEngine(model_dir, MODEL_NAME))
         groups = {"api server": (bare.child.pid, "self"), "engine": (bare.child.pid, "children")}
         bare.pause()
-        bare_steps = (lambda: read_step_token_counts_at(f"http://127.0.0.1:{bare.port}/metrics")) \
-            if plan.engine_steps else None  # fmt: skip
+        bare_steps = (lambda: read_step_token_counts(bare.port)) if plan.engine_steps else None
         targets["bare"] = Target("bare", bare.base_url, None, [bare], groups, read_steps=bare_steps)
         if "litellm" in plan.targets:
             log("starting the LiteLLM proxy")

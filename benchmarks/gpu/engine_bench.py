@@ -111,8 +111,7 @@ def preemptions() -> float | None:
 
 
 def step_token_counts() -> dict[str, float] | None:
-    """vLLM's histogram of tokens per engine step (its Prometheus metric in this process): the
-    cumulative count of steps per upper bound (``le``: "256.0", ..., "+Inf"); None where it has none."""
+    """vLLM's histogram of tokens per engine step in this process's Prometheus registry (``bucket_counts``)."""
     try:
         from prometheus_client import REGISTRY
 

@@ -23,13 +23,15 @@ def behind_metrics(celery_argv: list[str], port: int) -> list[str]:
 
 
 def step_token_counts_from_text(text: str) -> dict[str, float] | None:
-    """``measure.step_token_counts`` from a Prometheus text exposition (a /metrics page)."""
+    """``bucket_counts`` of a Prometheus text exposition (a /metrics page)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     return bucket_counts(text_string_to_metric_families(text))
 
 
 def bucket_counts(families) -> dict[str, float] | None:
+    """vLLM's histogram of tokens per engine step among Prometheus metric ``families``: the cumulative
+    count of steps per upper bound (``le``: "256.0", ..., "+Inf"); None where it is not there."""
     counts: dict[str, float] = {}
     for family in families:
         if "iteration_tokens" in family.name:
@@ -41,16 +43,10 @@ def bucket_counts(families) -> dict[str, float] | None:
 
 
 def read_step_token_counts(port: int, timeout: float = 5.0) -> dict[str, float] | None:
-    """The worker's histogram of tokens per engine step, None if it cannot be read (the turn is
-    measured anyway, without its steps)."""
-    return read_step_token_counts_at(f"http://127.0.0.1:{port}/metrics", timeout)
-
-
-def read_step_token_counts_at(url: str, timeout: float = 5.0) -> dict[str, float] | None:
-    """The histogram of tokens per engine step on the metrics page at ``url`` (the worker's here, or
-    vLLM's own server's /metrics); None if it cannot be read."""
+    """The histogram of tokens per engine step on the local /metrics page at ``port`` (this wrapper's,
+    or vLLM's own server's), None if it cannot be read (the turn is measured anyway, without its steps)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:
             return step_token_counts_from_text(response.read().decode())
     except (OSError, ValueError):
         return None
