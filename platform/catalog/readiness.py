@@ -8,6 +8,7 @@ import functools
 import time
 
 from django.conf import settings
+from redis.commands.core import Script
 
 from config.redis_client import get_async_redis, get_redis
 from workers import protocol
@@ -51,6 +52,18 @@ def ready_workers(pool: str) -> dict[str, int]:
     """The pool's workers that heartbeat recently and have a ready engine, each with its slots
     (its Celery concurrency, 0 if it reports none): one read serves dispatch and fair share."""
     return _only_ready(_ready_script()(**_script_args(pool), client=get_redis()))
+
+
+def ready_workers_call(pool: str) -> tuple[Script, list, list]:
+    """`ready_workers` as a script call (script, keys, args), to run beside others in one round
+    trip (config/redis_client.py `scripts_in_one_round_trip`); `ready_workers_from` reads its reply."""
+    args = _script_args(pool)
+    return _ready_script(), args["keys"], args["args"]
+
+
+def ready_workers_from(reply: list) -> dict[str, int]:
+    """The reply of `ready_workers_call`, as `ready_workers` returns it."""
+    return _only_ready(reply)
 
 
 async def ready_workers_async(pool: str) -> dict[str, int]:

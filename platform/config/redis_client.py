@@ -2,7 +2,8 @@
 
 The sync client serves the threads (redis-py clients are thread-safe); the async one serves the
 gateway's relay, which runs on the ASGI server's event loop. Both pools share the same options.
-``through_outage`` retries an asyncio call while Redis is unreachable (the worker's claims and relay).
+``through_outage`` retries an asyncio call while Redis is unreachable (the worker's claims and relay);
+``scripts_in_one_round_trip`` runs several Lua scripts in one round trip (the gateway's admission).
 """
 
 import asyncio
@@ -16,6 +17,8 @@ from typing import TypeVar
 import redis
 import redis.asyncio
 from django.conf import settings
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from config.env import env_int
 
@@ -67,6 +70,26 @@ def get_async_redis() -> redis.asyncio.Redis:
         pool = redis.asyncio.BlockingConnectionPool.from_url(settings.REDIS_URL, **_pool_options())
         client = _async_clients[loop] = redis.asyncio.Redis(connection_pool=pool)
     return client
+
+
+def scripts_in_one_round_trip(calls: list[tuple[Script, list, list]], client: redis.Redis | None = None) -> list:
+    """Run several Lua scripts, each given as (script, keys, args), in one round trip; their replies
+    in order, or the first error.
+
+    A pipeline of EVALSHAs. redis-py's own pipelined scripts would ask SCRIPT EXISTS first, a round
+    trip of its own on every call; here a script Redis does not hold (after a restart or a flush)
+    answers NOSCRIPT and is run again on its own, which loads it."""
+    client = client or get_redis()
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in calls:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    replies = pipe.execute(raise_on_error=False)
+    for i, ((script, keys, args), reply) in enumerate(zip(calls, replies, strict=True)):
+        if isinstance(reply, NoScriptError):
+            replies[i] = script(keys=keys, args=args, client=client)
+        elif isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 async def through_outage(call: Callable[[], Awaitable[T]], *, seconds: float, what: str) -> T:

@@ -230,13 +230,15 @@ def _admit_and_enqueue(request, parse) -> _Enqueued:
     prompt_at_least = tokenization.prompt_tokens_at_least(model.path, messages=spec.messages, prompt=spec.prompt)
     # Every choice of n may generate max_tokens: admission reserves them all.
     bound_max_tokens = _max_tokens(spec, model.context_length, prompt_at_least, at_least=True)
-    check(prompt_tokens=prompt_at_least, max_tokens=bound_max_tokens * spec.n, at_least=True)
+    # The pool's ready workers are read in the same round trip (one wait for Redis fewer).
+    ready = check(
+        prompt_tokens=prompt_at_least, max_tokens=bound_max_tokens * spec.n, at_least=True, ready_pool=model.pool
+    )
     prepared = images.prepare(model, spec.messages) if spec.kind == "chat" else []
     prompt_ids = _prompt_ids(model, spec)
     # Each image's placeholder token becomes the image's tokens in the engine: counted here too.
     prompt_tokens = images.prompt_tokens(prompt_ids, prepared)
     max_tokens = _max_tokens(spec, model.context_length, prompt_tokens)
-    ready = dispatch.ready_workers(model.pool)
     # What can never fit is refused at its exact size. The quota counters are asked again only for a
     # request about to wait for its pool (counted as demand meanwhile); with a worker ready, the
     # reservation below is the exact check: one Lua call fewer on the hot path.

@@ -24,6 +24,9 @@ import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
+
+from redis.commands.core import Script
 
 from config.redis_client import get_redis
 from quotas.limits import Limits
@@ -204,11 +207,18 @@ def quota_admit(
     `check_only`: decide the same way but reserve nothing (`request_id` then names no reservation).
     Given a lower bound of the prompt's size, a refusal then is one that admission with the exact
     size would make too. `redis`: a client to run on (default: the process's shared one)."""
-    keys, args = admit_call(
+    script, keys, args = quota_admit_call(
         request_id=request_id, tenant_id=tenant_id, key_id=key_id, limits=limits, prompt_tokens=prompt_tokens,
         max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens, choices=choices, check_only=check_only,
     )  # fmt: skip
-    return admitted_from(_script("admit")(keys=keys, args=args, client=redis))
+    return admitted_from(script(keys=keys, args=args, client=redis))
+
+
+def quota_admit_call(**admit: Any) -> tuple[Script, list, list]:
+    """`quota_admit` (same arguments, less `redis`) as a script call (script, keys, args), to run
+    beside others in one round trip (config/redis_client.py `scripts_in_one_round_trip`);
+    `admitted_from` reads its reply."""
+    return _script("admit"), *admit_call(**admit)
 
 
 def admit_call(

@@ -11,12 +11,15 @@ parameter to shrink, without Retry-After (no wait helps); one over a limit for n
 from collections.abc import Mapping
 
 from catalog.models import ServedModel
+from catalog.readiness import ready_workers_call, ready_workers_from
+from config.redis_client import scripts_in_one_round_trip
 from core.errors import InvalidRequest, RateLimited
 from quotas.admission import (
     Admitted,
     QuotaExceeded,
     RequestTooLarge,
-    quota_admit,
+    admitted_from,
+    quota_admit_call,
     quota_release,
     quota_size_check,
 )
@@ -37,26 +40,37 @@ def admission_check(
     choices: int = 1,
     at_least: bool = False,
     counters: bool = True,
-) -> None:
+    ready_pool: str | None = None,
+) -> dict[str, int] | None:
     """Raise the error admission would answer now, reserving nothing.
 
     `prompt_param`: the request's prompt field ("messages" or "prompt"), named by a 400 about it.
     `choices`: the request's n (`max_tokens` counts all of them; see `admission_gate`).
     `at_least`: `prompt_tokens` is a lower bound (the prompt is not tokenized yet); any refusal is
     then one the exact size would get too. `counters=False` checks only what can never fit (no
-    Redis call), not the tenant's current usage."""
+    Redis call), not the tenant's current usage. `ready_pool` (with the counters): that pool's
+    ready workers are read in the same round trip as the counters and returned
+    (catalog/readiness.py `ready_workers`): on a busy core each round trip is a wait for Redis
+    and another for the CPU, on the path of every request."""
     try:
         quota_size_check(
             limits=limits, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
             implicit_max_tokens=implicit_max_tokens, at_least=at_least, choices=choices,
         )  # fmt: skip
         if not counters:
-            return
-        quota_admit(
+            return None
+        check = quota_admit_call(
             request_id="check", tenant_id=principal.tenant_id, key_id=principal.key_id, limits=limits,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
             choices=choices, check_only=True,
         )  # fmt: skip
+        if ready_pool is None:
+            script, keys, args = check
+            admitted_from(script(keys=keys, args=args))
+            return None
+        checked, rows = scripts_in_one_round_trip([check, ready_workers_call(ready_pool)])
+        admitted_from(checked)
+        return ready_workers_from(rows)
     except RequestTooLarge as exc:
         param = {"prompt": prompt_param, "completion": "max_tokens"}.get(exc.part or "")
         raise InvalidRequest(str(exc), param=param, code="exceeds_limit") from None

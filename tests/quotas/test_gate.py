@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from catalog.models import ServedModel
+from catalog.readiness import ready_workers
 from core.errors import InvalidRequest, RateLimited
 from quotas.admission import quota_settle
 from quotas.gate import admission_check, admission_gate
@@ -15,6 +16,7 @@ from quotas.limits import limits_for
 from quotas.refusals import refusals_recent
 from quotas.services import tenant_quota_set
 from tenants.services import KeyPrincipal
+from workers import protocol
 
 pytestmark = pytest.mark.django_db
 
@@ -137,3 +139,64 @@ def test_a_request_over_its_quota_tries_no_slot(alice, redis_client):
         _slot_gate(alice, f"chatcmpl-{uuid.uuid4().hex}", slots=1, prompt=20, max_tokens=10)  # 30 > 24
     assert redis_client.zcard(f"fq:{POOL}:run") == 0
     assert redis_client.hget(f"fq:{POOL}:waitn", str(alice[0].tenant_id)) is None
+
+
+# -- the early check and the pool's ready workers in one round trip ------------------------------
+
+
+def _worker(redis_client, name: str, *, state: str, slots: int) -> None:
+    redis_client.zadd(protocol.pool_workers_key(POOL), {name: time.time() + 3600})  # fresh all test long
+    redis_client.hset(protocol.worker_key(name), mapping={"pool": POOL, "state": state, "slots": slots})
+
+
+@pytest.fixture
+def round_trips(monkeypatch) -> list[int]:
+    """The commands of each round trip this process's clients make from here on (a pipeline is one)."""
+    from redis.client import Pipeline, Redis
+
+    trips: list[int] = []
+    command, execute = Redis.execute_command, Pipeline.execute
+
+    def one(self, *args, **kwargs):
+        if isinstance(self, Pipeline):  # a command queued in a pipeline: counted with its execute
+            return command(self, *args, **kwargs)
+        trips.append(1)
+        return command(self, *args, **kwargs)
+
+    def many(self, *args, **kwargs):
+        trips.append(len(self.command_stack))
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(Redis, "execute_command", one)
+    monkeypatch.setattr(Pipeline, "execute", many)
+    return trips
+
+
+def _check(alice, *, max_tokens: int):
+    principal, limits = alice
+    return admission_check(principal=principal, limits=limits, prompt_tokens=PROMPT, max_tokens=max_tokens,
+                           implicit_max_tokens=False, prompt_param="messages", ready_pool=POOL)  # fmt: skip
+
+
+def test_the_early_check_reads_the_pools_ready_workers_in_its_own_round_trip(alice, redis_client, round_trips):
+    _worker(redis_client, "w-ready", state="ready", slots=3)
+    _worker(redis_client, "w-starting", state="starting", slots=3)
+    _check(alice, max_tokens=2)  # Redis loads the scripts: not what a request pays once it runs
+    round_trips.clear()
+
+    assert _check(alice, max_tokens=2) == {"w-ready": 3} == ready_workers(POOL)
+    assert round_trips[0] == 2 and len(round_trips) == 2  # the check and the read; then ready_workers
+    _gate(alice, prompt=10, max_tokens=10, implicit=False, choices=1)  # 4 tokens left
+    with pytest.raises(RateLimited):  # 2 + 3 > 4: refused as without the read
+        _check(alice, max_tokens=3)
+    assert [r.limit for r in refusals_recent(tenant_id=alice[0].tenant_id)] == ["budget_tokens"]
+
+
+def test_the_early_check_loads_its_scripts_into_a_redis_that_lost_them(alice, redis_client):
+    _worker(redis_client, "w-ready", state="ready", slots=2)
+    redis_client.script_flush()  # as after a Redis restart
+    assert _check(alice, max_tokens=2) == {"w-ready": 2}
+    _gate(alice, prompt=10, max_tokens=10, implicit=False, choices=1)  # 4 tokens left
+    redis_client.script_flush()
+    with pytest.raises(RateLimited):
+        _check(alice, max_tokens=3)
