@@ -58,6 +58,27 @@ def make_tenant(db):
     return make
 
 
+@pytest.fixture
+def redis_round_trips(monkeypatch) -> list[int]:
+    """The commands of each round trip this process's clients make from here on (a pipeline is one)."""
+    from redis.client import Pipeline, Redis
+
+    trips: list[int] = []
+    command, execute = Redis.execute_command, Pipeline.execute
+
+    def one(self, *args, **kwargs):  # a pipeline queues its commands with its own execute_command
+        trips.append(1)
+        return command(self, *args, **kwargs)
+
+    def many(self, *args, **kwargs):
+        trips.append(len(self.command_stack))
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(Redis, "execute_command", one)
+    monkeypatch.setattr(Pipeline, "execute", many)
+    return trips
+
+
 from tests.e2e.stack import live_stack, stack_database_url, stack_redis_url, tiny_stack  # noqa: E402, F401  (session fixture: gunicorn + Celery + vLLM)
 
 

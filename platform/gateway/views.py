@@ -47,8 +47,6 @@ from gateway.offload import run_blocking
 from gateway.validation import InferenceRequest, chat_request, completion_request, parse_json_body
 from quotas.admission import quota_release
 from quotas.gate import admission_check, admission_gate
-from quotas.limits import Limits, limits_for
-from tenants.services import KeyPrincipal
 from workers.protocol import RequestInput, Usage
 
 log = logging.getLogger(__name__)
@@ -116,20 +114,14 @@ async def model_detail(request, model_id: str):
     return await run_blocking(_model_detail, request, model_id)
 
 
-def _caller(request) -> tuple[KeyPrincipal, Limits]:
-    """The authenticated key and the limits that apply to it (its plan's models among them)."""
-    principal = authenticate(request)
-    return principal, limits_for(tenant_id=principal.tenant_id, key_id=principal.key_id)
-
-
 def _models_list(request) -> JsonResponse:
-    principal, limits = _caller(request)
+    principal, limits = authenticate(request)
     data = [model_entry(m) for m in served_models_for(principal=principal, limits=limits)]
     return JsonResponse({"object": "list", "data": data})
 
 
 def _model_detail(request, model_id: str) -> JsonResponse:
-    principal, limits = _caller(request)
+    principal, limits = authenticate(request)
     model = served_model_get(principal=principal, limits=limits, model_id=model_id)
     return JsonResponse(model_entry(model))
 
@@ -218,7 +210,7 @@ def _admit_and_enqueue(request, parse) -> _Enqueued:
     and is never counted as demand for its pool (`pool:<pool>:waiting`, which the operator scales on).
     Raises the OpenAIError to answer; on success the request is in its pool's queue and settled
     through the ledger from here on."""
-    principal, limits = _caller(request)
+    principal, limits = authenticate(request)
     spec: InferenceRequest = parse(_read_body(request))
     model = served_model_get(principal=principal, limits=limits, model_id=spec.model)
     images.check_model(model, spec.messages)

@@ -67,11 +67,18 @@ def _resolve(tenant_id: int, period: Period) -> dict:
     }
 
 
-def limits_for(*, tenant_id: int, key_id: int) -> Limits:
+def limits_cache_key(tenant_id: int) -> str:
+    """Where the tenant's resolved limits are cached (for a caller that reads them with something else)."""
+    return _CACHE.format(tenant_id=tenant_id)
+
+
+def limits_for(*, tenant_id: int, key_id: int, prefetched: tuple[str | None] | None = None) -> Limits:
+    """The limits of the tenant and the key. `prefetched`: the value at `limits_cache_key(tenant_id)`
+    (None: absent), read by the caller just before in a round trip of its own; else it is read here."""
     period = Period.current()
     redis = get_redis()
-    cache_key = _CACHE.format(tenant_id=tenant_id)
-    raw = redis.get(cache_key)
+    cache_key = limits_cache_key(tenant_id)
+    raw = prefetched[0] if prefetched is not None else redis.get(cache_key)
     record = json.loads(raw) if raw else None
     if record is None or record["period"] != period.id:
         record = read_with_fallback(

@@ -14,7 +14,7 @@ revoked key never comes back from it.
 """
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from django.conf import settings
 
@@ -60,10 +60,11 @@ def _last_known_key(prefix: str) -> str:
     return f"authlast:{prefix}"
 
 
-def read(prefix: str) -> tuple[str | None, str]:
-    """The cached record (JSON, MISSING or None) and the generation to pass back to `store`."""
-    cached, generation = get_redis().mget(_record_key(prefix), _generation_key(prefix))
-    return cached, generation or "0"
+def read(prefix: str, also: Sequence[str] = ()) -> tuple[str | None, str, list[str | None]]:
+    """The cached record (JSON, MISSING or None), the generation to pass back to `store`, and the
+    values of the Redis keys `also` (None where absent), read in the same round trip."""
+    cached, generation, *values = get_redis().mget(_record_key(prefix), _generation_key(prefix), *also)
+    return cached, generation or "0", values
 
 
 def store(prefix: str, value: str, *, generation: str, seconds: int, last_known_seconds: int = 0) -> bool:

@@ -8,6 +8,7 @@ whoever wrote it: these services, the Django admin, a shell.
 import datetime as dt
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -124,22 +125,23 @@ def apikey_cache_forget_on_commit(*, prefixes: list[str]) -> None:
         transaction.on_commit(lambda: auth_cache.forget(prefixes))
 
 
-def _cached_key_record(prefix: str) -> dict | None:
+def _cached_key_record(prefix: str, also: Sequence[str] = ()) -> tuple[dict | None, list[str | None]]:
     """The key's auth record from Redis, falling back to PostgreSQL (and caching the answer), and
-    to the key's last known record while PostgreSQL is unreachable (DatabaseUnavailable if none)."""
-    cached, generation = auth_cache.read(prefix)  # the generation is read before the database is
+    to the key's last known record while PostgreSQL is unreachable (DatabaseUnavailable if none);
+    with the values of the Redis keys `also`, read in the same round trip as the cached record."""
+    cached, generation, values = auth_cache.read(prefix, also)  # the generation is read before the database is
     if cached == auth_cache.MISSING:
-        return None
+        return None, values
     if cached is not None:
-        return json.loads(cached)
+        return json.loads(cached), values
     record = read_with_fallback(
         lambda: _key_record_from_db(prefix) or {}, lambda: _last_known_record(prefix), what="this API key"
     )
     if not record:
         auth_cache.store_missing(prefix, generation=generation)
-        return None
+        return None, values
     auth_cache.store_record(prefix, json.dumps(record), generation=generation)
-    return record
+    return record, values
 
 
 def _last_known_record(prefix: str) -> dict | None:
@@ -165,10 +167,17 @@ def _key_record_from_db(prefix: str) -> dict | None:
 
 def apikey_authenticate(*, plaintext: str) -> KeyPrincipal:
     """Check a presented key: constant-time digest compare, then revocation, expiry, tenant state."""
+    return apikey_authenticate_reading(plaintext=plaintext)[0]
+
+
+def apikey_authenticate_reading(*, plaintext: str, also: Sequence[str] = ()) -> tuple[KeyPrincipal, list[str | None]]:
+    """`apikey_authenticate`, plus the values of the Redis keys `also` (None where absent), read in
+    the same round trip as the key's cached record: a caller that knows what it reads next saves
+    one (the inference API reads the tenant's limits)."""
     prefix = key_prefix(plaintext)
     if prefix is None:
         raise AuthenticationFailed("Incorrect API key provided.")
-    record = _cached_key_record(prefix)
+    record, values = _cached_key_record(prefix, also)
     if record is None or not digests_match(record["digest"], plaintext):
         raise AuthenticationFailed("Incorrect API key provided.")
     now = timezone.now().timestamp()
@@ -179,13 +188,14 @@ def apikey_authenticate(*, plaintext: str) -> KeyPrincipal:
     if not record["tenant_active"]:
         raise AuthenticationFailed("This API key's tenant is suspended.")
     _touch_last_used(record["key_id"])
-    return KeyPrincipal(
+    principal = KeyPrincipal(
         key_id=record["key_id"],
         tenant_id=record["tenant_id"],
         tenant_name=record["tenant_name"],
         allowed_models=tuple(record["allowed_models"]),
         key_prefix=prefix,
     )
+    return principal, values
 
 
 def _touch_last_used(key_id: int) -> None:

@@ -149,43 +149,20 @@ def _worker(redis_client, name: str, *, state: str, slots: int) -> None:
     redis_client.hset(protocol.worker_key(name), mapping={"pool": POOL, "state": state, "slots": slots})
 
 
-@pytest.fixture
-def round_trips(monkeypatch) -> list[int]:
-    """The commands of each round trip this process's clients make from here on (a pipeline is one)."""
-    from redis.client import Pipeline, Redis
-
-    trips: list[int] = []
-    command, execute = Redis.execute_command, Pipeline.execute
-
-    def one(self, *args, **kwargs):
-        if isinstance(self, Pipeline):  # a command queued in a pipeline: counted with its execute
-            return command(self, *args, **kwargs)
-        trips.append(1)
-        return command(self, *args, **kwargs)
-
-    def many(self, *args, **kwargs):
-        trips.append(len(self.command_stack))
-        return execute(self, *args, **kwargs)
-
-    monkeypatch.setattr(Redis, "execute_command", one)
-    monkeypatch.setattr(Pipeline, "execute", many)
-    return trips
-
-
 def _check(alice, *, max_tokens: int):
     principal, limits = alice
     return admission_check(principal=principal, limits=limits, prompt_tokens=PROMPT, max_tokens=max_tokens,
                            implicit_max_tokens=False, prompt_param="messages", ready_pool=POOL)  # fmt: skip
 
 
-def test_the_early_check_reads_the_pools_ready_workers_in_its_own_round_trip(alice, redis_client, round_trips):
+def test_the_early_check_reads_the_pools_ready_workers_in_its_own_round_trip(alice, redis_client, redis_round_trips):
     _worker(redis_client, "w-ready", state="ready", slots=3)
     _worker(redis_client, "w-starting", state="starting", slots=3)
     _check(alice, max_tokens=2)  # Redis loads the scripts: not what a request pays once it runs
-    round_trips.clear()
+    redis_round_trips.clear()
 
     assert _check(alice, max_tokens=2) == {"w-ready": 3} == ready_workers(POOL)
-    assert round_trips[0] == 2 and len(round_trips) == 2  # the check and the read; then ready_workers
+    assert redis_round_trips[0] == 2 and len(redis_round_trips) == 2  # the check and the read; then ready_workers
     _gate(alice, prompt=10, max_tokens=10, implicit=False, choices=1)  # 4 tokens left
     with pytest.raises(RateLimited):  # 2 + 3 > 4: refused as without the read
         _check(alice, max_tokens=3)
