@@ -64,13 +64,10 @@ def admission_check(
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens,
             choices=choices, check_only=True,
         )  # fmt: skip
-        if ready_pool is None:
-            script, keys, args = check
-            admitted_from(script(keys=keys, args=args))
-            return None
-        checked, rows = scripts_in_one_round_trip([check, ready_workers_call(ready_pool)])
+        read = [ready_workers_call(ready_pool)] if ready_pool is not None else []
+        checked, *rows = scripts_in_one_round_trip([check, *read])
         admitted_from(checked)
-        return ready_workers_from(rows)
+        return ready_workers_from(rows[0]) if rows else None
     except RequestTooLarge as exc:
         param = {"prompt": prompt_param, "completion": "max_tokens"}.get(exc.part or "")
         raise InvalidRequest(str(exc), param=param, code="exceeds_limit") from None
