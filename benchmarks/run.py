@@ -48,6 +48,12 @@ from benchmarks.stats import LevelSummary, first_wave, summarize
 
 MODEL_NAME = "tiny-gemma4"
 TARGETS = ("bare", "litellm", "platform")
+# Turns per target and level in the full run. On a shared 2-core host one 32-stream turn's
+# platform/bare ratio spread 0.73-1.16 over 16 turns (2026-12-05, docs/benchmarks.md) while their
+# pooled ratio was 0.935: with 3 turns a run's ratio moved by ±0.07 from that alone, 6 halve the
+# variance. A turn keeps its length (3-4 requests per stream), so the share of each turn's first
+# wave and last requests in the figures stays what it was.
+FULL_ROUNDS = 6
 DOC = ROOT / "docs" / "benchmarks.md"
 IMAGE = ROOT / "docs" / "benchmarks-cpu.png"
 
@@ -75,10 +81,11 @@ class Plan:
 
 
 def requests_for(level: int, quick: bool) -> int:
-    """Requests per level (all rounds together): each round cycles every stream at least 3 times."""
+    """Requests per level (all rounds together): each round cycles every stream at least 3 times
+    (quick: 2 rounds, full: 6; see FULL_ROUNDS)."""
     if quick:
         return {1: 8, 8: 64}.get(level, max(256, 6 * level))
-    return {1: 12, 8: 96}.get(level, max(384, 9 * level))
+    return {1: 24, 8: 192}.get(level, max(768, 18 * level))
 
 
 def plan_from(args: argparse.Namespace) -> Plan:
@@ -104,7 +111,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         profile_level=args.profile,
         platform_env=env,
         write_docs=not args.no_docs,
-        rounds=args.rounds or (2 if quick else 3),
+        rounds=args.rounds or (2 if quick else FULL_ROUNDS),
         engine_steps=args.engine_steps,
     )
 
@@ -366,7 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="py-spy the platform's gateway and worker during this level")  # fmt: skip
     parser.add_argument("--platform-env", action="append", default=[], metavar="NAME=VALUE",
                         help="environment for the platform's processes (tuning experiments)")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=0, help="turns per target and level (2 quick, 3 full)")
+    parser.add_argument(
+        "--rounds", type=int, default=0, help=f"turns per target and level (2 quick, {FULL_ROUNDS} full)"
+    )
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md and the plot")
     parser.add_argument("--engine-steps", action="store_true",
                         help="vLLM's statistics on in both engines; count each round's engine steps")  # fmt: skip
