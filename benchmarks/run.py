@@ -49,10 +49,10 @@ from benchmarks.stats import LevelSummary, first_wave, summarize
 MODEL_NAME = "tiny-gemma4"
 TARGETS = ("bare", "litellm", "platform")
 # Turns per target and level in the full run. On a shared 2-core host one 32-stream turn's
-# platform/bare ratio spread 0.73-1.16 over 16 turns (2026-12-05, docs/benchmarks.md) while their
-# pooled ratio was 0.935: with 3 turns a run's ratio moved by ±0.07 from that alone, 6 halve the
-# variance. A turn keeps its length (3-4 requests per stream), so the share of each turn's first
-# wave and last requests in the figures stays what it was.
+# platform/bare ratio spread 0.73-1.16 over 16 turns while their pooled ratio was 0.935, and eight
+# 3-turn runs of the same code printed 0.825-1.064 (2026-12-05, docs/benchmarks.md): 6 turns halve
+# that variance. A turn keeps its length (3-4 requests per stream), so the share of each turn's
+# first wave and last requests in the figures stays what it was.
 FULL_ROUNDS = 6
 DOC = ROOT / "docs" / "benchmarks.md"
 IMAGE = ROOT / "docs" / "benchmarks-cpu.png"
