@@ -73,19 +73,18 @@ class Plan:
     engine_steps: bool = False
 
     def requests_per_round(self, level: int) -> int:
-        return max(level, -(-self.requests[level] // self.rounds))
+        return self.requests[level] // self.rounds
 
     @property
     def workload(self) -> Workload:
         return Workload(MODEL_NAME, prompt_words=self.prompt_words, output_tokens=self.output_tokens)
 
 
-def requests_for(level: int, quick: bool) -> int:
-    """Requests per level (all rounds together): each round cycles every stream at least 3 times
-    (quick: 2 rounds, full: 6; see FULL_ROUNDS)."""
-    if quick:
-        return {1: 8, 8: 64}.get(level, max(256, 6 * level))
-    return {1: 24, 8: 192}.get(level, max(768, 18 * level))
+def requests_per_turn(level: int) -> int:
+    """Requests of one turn at ``level`` streams: every stream cycles at least 3 times. The same in
+    the quick and the full run and whatever the number of turns, so a level's figures always weigh
+    a turn's first wave and last requests alike."""
+    return {1: 4, 8: 32}.get(level, max(128, 3 * level))
 
 
 def plan_from(args: argparse.Namespace) -> Plan:
@@ -101,17 +100,18 @@ def plan_from(args: argparse.Namespace) -> Plan:
         if not sep:
             raise SystemExit(f"--platform-env takes NAME=VALUE, got {item!r}")
         env[name] = value
+    rounds = args.rounds or (2 if quick else FULL_ROUNDS)
     return Plan(
         quick=quick,
         levels=levels,
         output_tokens=args.output_tokens or (64 if quick else 128),
         prompt_words=args.prompt_words,
-        requests={level: requests_for(level, quick) for level in levels},
+        requests={level: rounds * requests_per_turn(level) for level in levels},
         targets=targets,
         profile_level=args.profile,
         platform_env=env,
         write_docs=not args.no_docs,
-        rounds=args.rounds or (2 if quick else FULL_ROUNDS),
+        rounds=rounds,
         engine_steps=args.engine_steps,
     )
 
