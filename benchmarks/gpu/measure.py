@@ -291,7 +291,11 @@ def turn_seed(seed: int, levels: list[int], index: int) -> int:
 def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None, streams: int) -> dict | None:
     """The engine steps between two readings of vLLM's histogram of tokens per step (cumulative
     counts per upper bound, ``le``): how many, and how many had more tokens than the level's streams
-    (a full batch of decodes plus prefill tokens: a mixed step), where the histogram has that bound."""
+    (a full batch of decodes plus prefill tokens: a mixed step), where the histogram has that bound;
+    and the engine's mean time between a request's tokens (``itl_ms_mean``, by the engine core's
+    clock) where the readings have vLLM's inter-token latency (worker_metrics.bucket_counts)."""
+    from benchmarks.gpu.worker_metrics import ITL_COUNT, ITL_SUM
+
     if not before or not after or "+Inf" not in after:
         return None
     steps = after["+Inf"] - before.get("+Inf", 0.0)
@@ -299,6 +303,9 @@ def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None
     out = {"steps": int(steps)}
     if bound in after:
         out["steps_over_streams"] = int(steps - (after[bound] - before.get(bound, 0.0)))
+    gaps = after.get(ITL_COUNT, 0.0) - before.get(ITL_COUNT, 0.0)
+    if gaps > 0:
+        out["itl_ms_mean"] = round(1000 * (after[ITL_SUM] - before.get(ITL_SUM, 0.0)) / gaps, 3)
     return out
 
 

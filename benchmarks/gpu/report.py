@@ -81,9 +81,10 @@ def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[in
 
 def turns_table(results: dict[str, dict], names: list[str], levels: Iterable[int]) -> str:
     """Markdown: each turn of each level, per engine: tokens/s, time to first token and time per
-    output token p50, the slowest request."""
+    output token p50, the slowest request, and the engine's steps where counted."""
     lines = ["| engine | streams | turns: tok/s, TTFT p50 ms, time per token p50 ms, slowest request s"
-             "[, engine steps (of them with more tokens than streams: mixed)] |", "|---|---:|---|"]  # fmt: skip
+             "[, engine steps (of them with more tokens than streams: mixed), the engine's own mean time between "
+             "a request's tokens (engine ITL)] |", "|---|---:|---|"]  # fmt: skip
     for n in levels:
         for name in names:
             turns = [lv for lv in (results.get(name) or {}).get("levels", []) if lv["streams"] == n]
@@ -101,7 +102,12 @@ def _steps(steps: dict | None) -> str:
     if not steps:
         return ""
     mixed = steps.get("steps_over_streams")
-    return f", {steps['steps']:,} steps" + (f" ({mixed:,} mixed)" if mixed is not None else "")
+    itl = steps.get("itl_ms_mean")
+    return (
+        f", {steps['steps']:,} steps"
+        + (f" ({mixed:,} mixed)" if mixed is not None else "")
+        + (f", engine ITL {itl:.2f} ms" if itl is not None else "")
+    )
 
 
 def cpu_table(results: dict[str, dict], names: list[str]) -> str:

@@ -29,17 +29,30 @@ def step_token_counts_from_text(text: str) -> dict[str, float] | None:
     return bucket_counts(text_string_to_metric_families(text))
 
 
+# Keys of ``bucket_counts`` beside the bounds: vLLM's inter-token latency so far (its histogram's sum
+# in seconds and its count). vLLM times it with the engine core's own timestamps, so it tells the
+# engine's pace apart from the delivery's (worker, Redis, gateway).
+ITL_SUM, ITL_COUNT = "itl_sum_s", "itl_count"
+
+
 def bucket_counts(families) -> dict[str, float] | None:
     """vLLM's histogram of tokens per engine step among Prometheus metric ``families``: the cumulative
-    count of steps per upper bound (``le``: "256.0", ..., "+Inf"); None where it is not there."""
+    count of steps per upper bound (``le``: "256.0", ..., "+Inf"), plus the inter-token latency's sum
+    and count (``ITL_SUM``, ``ITL_COUNT``) where there; None where the histogram is not there."""
     counts: dict[str, float] = {}
+    itl: dict[str, float] = {}
     for family in families:
         if "iteration_tokens" in family.name:
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
                     bound = sample.labels["le"]
                     counts[bound] = counts.get(bound, 0.0) + sample.value
-    return counts or None
+        elif "inter_token_latency" in family.name:
+            for sample in family.samples:
+                for suffix, key in (("_sum", ITL_SUM), ("_count", ITL_COUNT)):
+                    if sample.name.endswith(suffix):
+                        itl[key] = itl.get(key, 0.0) + sample.value
+    return {**counts, **itl} if counts else None
 
 
 def read_step_token_counts(port: int, timeout: float = 5.0) -> dict[str, float] | None:

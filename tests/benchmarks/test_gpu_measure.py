@@ -358,10 +358,26 @@ def test_the_steps_histogram_is_read_from_a_metrics_page_as_vllm_writes_it():
     # vLLM 0.26's metric (vllm/v1/metrics/loggers.py): one series per engine, by label.
     steps = Histogram("vllm:iteration_tokens_total", "tokens per engine step", ["engine"], registry=registry,
                       buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384])  # fmt: skip
+    itl = Histogram("vllm:inter_token_latency_seconds", "inter-token latency", ["engine"], registry=registry,
+                    buckets=[0.01, 0.025, 0.05])  # fmt: skip
     for tokens in (256, 256, 250, 384, 8192):
         steps.labels(engine="0").observe(tokens)
+    for seconds in (0.012, 0.016, 0.014):
+        itl.labels(engine="0").observe(seconds)
     counts = step_token_counts_from_text(generate_latest(registry).decode())
     assert counts["256.0"] == 3 and counts["512.0"] == 4 and counts["+Inf"] == 5
     assert measure.engine_steps({}, counts, 256) is None  # no reading before: nothing to count from
-    assert measure.engine_steps({"+Inf": 0.0}, counts, 256) == {"steps": 5, "steps_over_streams": 2}
+    expected = {"steps": 5, "steps_over_streams": 2, "itl_ms_mean": 14.0}
+    assert measure.engine_steps({"+Inf": 0.0}, counts, 256) == expected
     assert step_token_counts_from_text("# no metrics here\n") is None
+
+
+def test_engine_steps_give_the_engines_own_mean_time_between_tokens_where_read():
+    from benchmarks.gpu.worker_metrics import ITL_COUNT, ITL_SUM
+
+    before = {"256.0": 50.0, "+Inf": 61.0, ITL_SUM: 2.0, ITL_COUNT: 100.0}
+    after = {"256.0": 950.0, "+Inf": 1_461.0, ITL_SUM: 14.0, ITL_COUNT: 900.0}
+    assert measure.engine_steps(before, after, 256)["itl_ms_mean"] == 15.0
+    # No token gap in the turn (or no such histogram): no figure rather than a division by zero.
+    assert "itl_ms_mean" not in measure.engine_steps({**before, ITL_COUNT: 900.0}, after, 256)
+    assert "itl_ms_mean" not in measure.engine_steps({"+Inf": 1.0}, {"+Inf": 9.0}, 256)
