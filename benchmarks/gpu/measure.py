@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchmarks.gpu.plan import PROMPT_TOKENS
+from benchmarks.gpu.worker_metrics import ITL_COUNT, ITL_SUM
 
 # Random prompt ids stay clear of the special tokens (ids 0-3) and of the top of the vocabulary.
 PROMPT_ID_LOW, PROMPT_ID_HIGH = 10, 262_000
@@ -294,8 +295,6 @@ def engine_steps(before: dict[str, float] | None, after: dict[str, float] | None
     (a full batch of decodes plus prefill tokens: a mixed step), where the histogram has that bound;
     and the engine's mean time between a request's tokens (``itl_ms_mean``, by the engine core's
     clock) where the readings have vLLM's inter-token latency (worker_metrics.bucket_counts)."""
-    from benchmarks.gpu.worker_metrics import ITL_COUNT, ITL_SUM
-
     if not before or not after or "+Inf" not in after:
         return None
     steps = after["+Inf"] - before.get("+Inf", 0.0)
