@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.gpu import measure
@@ -129,7 +131,9 @@ def lora_requests(spec: dict) -> list:
     return [LoRARequest(f"adapter-{i}", i, path) for i, path in enumerate(spec["adapter_dirs"], start=1)]
 
 
-async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
+async def bench(spec: dict, lock: str, barrier: str, seed: int, checkpoint: Callable[[dict], None]) -> dict:
+    """Start the engine, then measure its levels in the turns the barrier hands out; ``checkpoint``
+    gets the result so far after each turn (measure.partial)."""
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind
@@ -202,6 +206,7 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int) -> dict:
                     if index == 0:
                         await run_level(engine, f"{name}-warmup", WARMUP_REQUESTS, 0, seed + 1, high, warm)
                     result["levels"].append(await measure_level(index, streams, count))
+                    checkpoint(measure.partial(result, len(spec["levels"])))
                 finally:
                     turns.done(index)
             result["waited_for_gpu_s"] = round(turns.waited, 1)
@@ -220,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     spec = json.loads(args.spec.read_text())
     try:
-        result = asyncio.run(bench(spec, args.lock, args.barrier, args.seed))
+        checkpoint = functools.partial(measure.write_json, args.out)
+        result = asyncio.run(bench(spec, args.lock, args.barrier, args.seed, checkpoint))
     except Exception as exc:
         traceback.print_exc()
         result = {"name": spec["name"], "engine_args": spec["engine_args"], "error": f"{type(exc).__name__}: {exc}"}

@@ -397,6 +397,14 @@ class Turns:
             self.done(index)
 
 
+def partial(result: dict, planned_turns: int) -> dict:
+    """``result`` as it stands after a turn, marked as such: written after every turn, so that a side
+    stopped at the call's deadline still leaves the turns it measured (the finished result, written
+    last, has no mark). The report names such a side as cut short."""
+    levels = list(result.get("levels", []))
+    return {**result, "levels": levels, "partial": f"{len(levels)} of {planned_turns} turns"}
+
+
 def write_json(path: str | os.PathLike, data: dict | list) -> None:
     """Write atomically: a reader never sees half a file."""
     path = Path(path)

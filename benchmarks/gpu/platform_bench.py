@@ -262,6 +262,7 @@ def bench(args) -> dict:
                     result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1),
                                              "error_samples": errors, "cpu_s": cpu.stop(), "engine_steps": steps,
                                              **_worker_profile(spy)})  # fmt: skip
+                    measure.write_json(args.out, measure.partial(result, len(args.levels)))
                 level_records.append(records)
                 print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s over {level.wall_s:.1f} s "
                       f"(ttft p50 {level.ttft_ms_p50} ms, batch {level.max_generating}, errors {level.errors}, "

@@ -3,7 +3,8 @@
     python -m benchmarks.gpu.report RESULTS.json     # prints the markdown tables
 
 A result is one engine's or the platform's JSON (engine_bench.py, platform_bench.py): ``name``,
-``levels`` (a list of ``{"streams", "tokens_per_s", "ttft_ms_p50", ...}``), ``start_s``, or ``error``.
+``levels`` (a list of ``{"streams", "tokens_per_s", "ttft_ms_p50", ...}``), ``start_s``, or ``error``;
+``partial`` when the side was stopped before its last turn (measure.partial).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def engine_table(results: dict[str, dict], names: list[str], levels: Iterable[in
             value, ref = rate(result, n, key), rate(results.get(reference), n, key)
             rel = ratio(value, ref)
             cells.append(_fmt(value) + (f" ({rel:.2f}x)" if rel is not None and name != reference else ""))
-        lines.append(f"| {name} | {_fmt(result.get('start_s'))} | " + " | ".join(cells) + " |")
+        label = f"{name} (cut short: {result['partial']})" if result.get("partial") else name
+        lines.append(f"| {label} | {_fmt(result.get('start_s'))} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

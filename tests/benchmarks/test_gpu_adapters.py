@@ -236,8 +236,13 @@ def test_engine_bench_measures_adapter_levels_on_the_cpu_engine(tiny_model_dir, 
         "adapter_dirs": [str(d) for d in dirs],
         "prompt_id_high": 1000,
     }
-    result = asyncio.run(engine_bench.bench(spec, str(tmp_path / "lock"), str(barrier), seed=7))
+    checkpoints: list[dict] = []
+    result = asyncio.run(engine_bench.bench(spec, str(tmp_path / "lock"), str(barrier), seed=7,
+                                            checkpoint=checkpoints.append))  # fmt: skip
     assert result["resolved"]["max_loras"] == 2 and result["resolved"]["max_lora_rank"] == 16
+    # After each turn, the result so far: what a side stopped at the deadline leaves behind.
+    assert [(len(c["levels"]), c["partial"]) for c in checkpoints] == [(1, "1 of 2 turns"), (2, "2 of 2 turns")]
+    assert "partial" not in result
     base, adapters = result["levels"]
     assert (base["adapters"], adapters["adapters"]) == (0, 2)
     assert base["adapter_load_s"] is None and adapters["adapter_load_s"] > 0

@@ -130,3 +130,12 @@ def test_the_cudagraph_tables_show_four_engines_and_the_engine_steps_of_each_tur
     text = report.render(results)
     assert "| full-turnaround | 200 | 23,040 (0.96x) |" in text
     assert "| piecewise-turnaround | 256 | 21,600, 190, 10.50, 5.75, 2,800 steps (1,400 mixed); " in text
+
+
+def test_a_side_stopped_before_its_last_turn_shows_the_turns_it_measured_as_cut_short():
+    from benchmarks.gpu import measure
+
+    bare = result("bare-h200", {32: 6000.0, 128: 15000.0})
+    cut = measure.partial(result("platform-h200", {32: 5700.0}), planned_turns=2)
+    table = report.engine_table(report.by_name([bare, cut]), ["bare-h200", "platform-h200"], (32, 128), "bare-h200")
+    assert "| platform-h200 (cut short: 1 of 2 turns) | 100 | 5,700 (0.95x) | — |" in table.splitlines()
