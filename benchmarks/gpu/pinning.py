@@ -5,7 +5,8 @@ host's work per step bounds the step, so its pace follows the CPU it gets. On th
 the platform's web processes, Redis, PostgreSQL and the clients share the host with both engines,
 where a deployment runs the web tier and Redis on other nodes. With ``BENCH_ENGINE_CPUS`` set, once
 every engine is up and before any is measured, each engine core process (its every thread) is
-pinned to those CPUs and every other process the bench can pin to the rest; both sides of a
+pinned to those CPUs and every other process the bench can pin to the rest, except the processes
+that started the bench (they outlive the call); both sides of a
 comparison get the same treatment (their engine cores measure one at a time). Processes started
 later inherit their parent's CPUs.
 """
@@ -52,7 +53,12 @@ def pin_engine_cores(engine_cpus: set[int], available: set[int]) -> dict:
     the other CPUs. Returns what was done, for the call's result."""
     rest = available - engine_cpus
     cores, others = [], 0
+    # The processes that started this one (the device's agent among them) outlive the call: pinned,
+    # they would hand the CPUs of this call to every later call on the machine.
+    ancestors = {parent.pid for parent in psutil.Process().parents()}
     for proc in psutil.process_iter():
+        if proc.pid in ancestors:
+            continue
         core = is_engine_core(proc)
         if _pin_threads(proc, engine_cpus if core else rest):
             if core:

@@ -112,6 +112,33 @@ def _steps(steps: dict | None) -> str:
     )
 
 
+def engine_itl(result: dict | None, streams: int) -> float | None:
+    """The engine's own mean time between a request's tokens at ``streams``, over the level's turns
+    (each turn's mean weighted by its seconds); None where a turn lacks it."""
+    turns = [level for level in (result or {}).get("levels", []) if level["streams"] == streams]
+    itls = [(level.get("engine_steps") or {}).get("itl_ms_mean") for level in turns]
+    if not turns or None in itls:
+        return None
+    seconds = [float(level.get("wall_s") or 1.0) for level in turns]
+    return sum(itl * s for itl, s in zip(itls, seconds, strict=True)) / sum(seconds)
+
+
+def pace_table(results: dict[str, dict], reference: str, other: str, levels: Iterable[int]) -> str:
+    """Markdown: per level, ``other``'s throughput against ``reference``'s, each side's engine ITL, and
+    the ratio at equal engine pace (the ratio times other's ITL over reference's): what ``other``'s
+    path costs once each engine core's own pace in its turns is taken out."""
+    lines = ["| streams | ratio | engine ITL, ms | ratio at equal engine pace |", "|---:|---:|---|---:|"]
+    for n in levels:
+        measured = ratio(rate(results.get(other), n), rate(results.get(reference), n))
+        ref_itl, other_itl = engine_itl(results.get(reference), n), engine_itl(results.get(other), n)
+        if measured is None or ref_itl is None or other_itl is None:
+            continue
+        lines.append(
+            f"| {n} | {measured:.2f} | {ref_itl:.2f} → {other_itl:.2f} | {measured * other_itl / ref_itl:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def cpu_table(results: dict[str, dict], names: list[str]) -> str:
     """Markdown: CPU seconds per part and level (``cpu_s``), with the seconds its threads waited
     for a CPU in parentheses where measured."""
@@ -254,7 +281,10 @@ def render(results_list: list[dict]) -> str:
     ]
     if "platform-h200" in results:
         parts += ["", "Each turn of the platform comparison:",
-                  turns_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS)]  # fmt: skip
+                  turns_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS), "",
+                  "The platform against bare at equal engine pace (a reading aid, not a goal: each side's "
+                  "engine core steps faster or slower from turn to turn with the host; this takes it out):",
+                  pace_table(results, "bare-h200", "platform-h200", PLATFORM_LEVELS)]  # fmt: skip
     if capacity:
         order = ["cap-h200"] + [n for n in capacity if n != "cap-h200"]
         parts += ["", "Capacity, bare engine (output tokens/s, ratio to cap-h200 in the same run; batch: most "

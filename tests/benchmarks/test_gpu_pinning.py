@@ -56,3 +56,25 @@ def test_every_thread_of_a_pinned_process_runs_on_the_given_cpus():
         assert {frozenset(os.sched_getaffinity(thread.id)) for thread in process.threads()} == {frozenset({cpu})}
     finally:
         proc.kill()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_engine_cores_get_their_cpus_others_the_rest_and_the_processes_that_started_the_bench_keep_theirs(
+    monkeypatch,
+):
+    engine_cpu, *rest = sorted(os.sched_getaffinity(0))
+    parent = psutil.Process().parent()
+    parent_cpus = os.sched_getaffinity(parent.pid)
+    core = subprocess.Popen([*SLEEPER, "VLLM::EngineCore"])
+    other = subprocess.Popen(SLEEPER)
+    try:
+        processes = [parent, psutil.Process(core.pid), psutil.Process(other.pid)]
+        monkeypatch.setattr(pinning.psutil, "process_iter", lambda: iter(processes))
+        done = pinning.pin_engine_cores({engine_cpu}, {engine_cpu, *rest})
+        assert done == {"engine_cpus": [engine_cpu], "engine_core_pids": [core.pid], "other_processes": 1}
+        assert os.sched_getaffinity(core.pid) == {engine_cpu}
+        assert os.sched_getaffinity(other.pid) == set(rest)
+        assert os.sched_getaffinity(parent.pid) == parent_cpus
+    finally:
+        core.kill()
+        other.kill()

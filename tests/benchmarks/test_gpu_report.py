@@ -139,3 +139,25 @@ def test_a_side_stopped_before_its_last_turn_shows_the_turns_it_measured_as_cut_
     cut = measure.partial(result("platform-h200", {32: 5700.0}), planned_turns=2)
     table = report.engine_table(report.by_name([bare, cut]), ["bare-h200", "platform-h200"], (32, 128), "bare-h200")
     assert "| platform-h200 (cut short: 1 of 2 turns) | 100 | 5,700 (0.95x) | — |" in table.splitlines()
+
+
+def test_the_pace_table_takes_each_sides_engine_pace_out_of_the_ratio():
+    def turn(rate, itl, wall=10.0):
+        return {
+            "streams": 256,
+            "tokens_per_s": rate,
+            "wall_s": wall,
+            "engine_steps": {"steps": 1_031, "itl_ms_mean": itl},
+        }
+
+    bare = {"name": "bare-h200", "levels": [turn(20_000.0, 12.0), turn(18_000.0, 14.0)]}
+    # The platform's engine stepped 10% slower in its turns: a 0.90 ratio is all the engine's pace.
+    platform = {"name": "platform-h200", "levels": [turn(17_100.0, 14.3), turn(17_100.0, 14.3)]}
+    results = report.by_name([bare, platform])
+    assert report.engine_itl(bare, 256) == 13.0
+    table = report.pace_table(results, "bare-h200", "platform-h200", (32, 256))
+    assert table.splitlines()[2:] == ["| 256 | 0.90 | 13.00 → 14.30 | 0.99 |"]  # no row for 32: not measured
+    assert "equal engine pace" in report.render([bare, platform])
+    # A turn without the engine's reading leaves the level out.
+    platform["levels"].append({"streams": 256, "tokens_per_s": 17_000.0, "wall_s": 10.0})
+    assert report.pace_table(report.by_name([bare, platform]), "bare-h200", "platform-h200", (256,)).count("\n") == 1
