@@ -19,7 +19,7 @@ from celery.signals import celeryd_after_setup, worker_init, worker_ready, worke
 from celery.worker import state as worker_state
 from django.conf import settings
 
-from config.env import env_float
+from config.env import env_float, env_int
 from config.heap import freeze_startup_heap
 from workers import protocol
 from workers.adapters import held_field
@@ -65,6 +65,16 @@ def _flush_events_per_second() -> float:
     return _env_number("WORKER_FLUSH_EVENTS_PER_SECOND", 250, 1_000_000)
 
 
+def _engine_stream_interval() -> int:
+    """WORKER_ENGINE_STREAM_INTERVAL (default 8, 1 = every token): vLLM's ``stream_interval``, the
+    tokens a request gathers in the engine's output handling before it hands them on (its first
+    token and its end are handed on at once). The relay writes a request's text at most once per
+    flush interval (20-250 ms, several tokens), so an output object per token per request is work
+    for the worker's engine loop that no client sees: on 2 cores it was a fifth of the worker's
+    CPU (docs/benchmarks.md). An ENGINE_ARGS_JSON ``stream_interval`` wins."""
+    return env_int("WORKER_ENGINE_STREAM_INTERVAL", 8, minimum=1)
+
+
 def _worker_redis() -> redis.Redis:
     """The worker's synchronous client: a bounded pool whose callers wait for a connection (never
     "Too many connections")."""
@@ -101,7 +111,9 @@ class WorkerRuntime:
         self.slots = slots
         self.pod = os.environ.get("POD_NAME") or socket.gethostname()
         self.redis = _worker_redis()
-        self.engine = engine or EngineHost(model_path, profile=profile, served_model_name=model)
+        self.engine = engine or EngineHost(
+            model_path, profile=profile, served_model_name=model, stream_interval=_engine_stream_interval()
+        )
         self.relay = EventRelay(
             self.engine,
             relay_client(settings.REDIS_URL),
@@ -251,10 +263,23 @@ def _start_engine(sender, instance, **kwargs) -> None:
     model = os.environ.get("SERVED_MODEL")
     if not model:
         return
+    try:
+        _runtime = _build_runtime(sender, instance, model)
+        _runtime.start()
+    except Exception as exc:
+        # Celery logs and swallows exceptions from signal handlers, which would leave a worker up
+        # that can never serve (and a /readyz that never turns ready): exit instead, so the
+        # supervisor (Kubernetes, make up) sees the failure and restarts or reports it. A setting
+        # refused while the runtime is built (a bad ENGINE_ARGS_JSON...) ends the same way.
+        log.critical("worker %s: the engine failed to start: %s", sender, exc)
+        raise SystemExit(3) from exc
+
+
+def _build_runtime(sender, instance, model: str) -> WorkerRuntime:
     missing = [name for name in ("MODEL_PATH", "WORKER_POOL") if not os.environ.get(name)]
     if missing:
         raise RuntimeError(f"SERVED_MODEL is set, so {', '.join(missing)} must be set too")
-    _runtime = WorkerRuntime(
+    runtime = WorkerRuntime(
         node=sender,
         model=model,
         model_path=os.environ["MODEL_PATH"],
@@ -263,15 +288,8 @@ def _start_engine(sender, instance, **kwargs) -> None:
         slots=getattr(instance, "concurrency", 0) or 0,
     )
     # This process's own queue (requests for an adapter its engine holds), consumed from the start.
-    instance.app.amqp.queues.select_add(protocol.worker_queue_name(_runtime.name))
-    try:
-        _runtime.start()
-    except Exception as exc:
-        # Celery logs and swallows exceptions from signal handlers, which would leave a worker up
-        # that can never serve (and a /readyz that never turns ready): exit instead, so the
-        # supervisor (Kubernetes, make up) sees the failure and restarts or reports it.
-        log.critical("worker %s: the engine failed to start: %s", sender, exc)
-        raise SystemExit(3) from exc
+    instance.app.amqp.queues.select_add(protocol.worker_queue_name(runtime.name))
+    return runtime
 
 
 @worker_init.connect

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import redis
 
-from tests.e2e.stack import engine_paused, requests_in_flight, wait_until, wait_usage_row
+from tests.e2e.stack import engine_paused, relayed, requests_in_flight, wait_until, wait_usage_row
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -57,9 +57,10 @@ def _stream(stack, key: str, seen: dict) -> None:
 def _relayed_count(client: redis.Redis, kind: str) -> int:
     """How many of this stack's requests (it runs on a Redis of its own) have an event of `kind` in
     their stream (start, delta, done, error)."""
-    return sum(
-        any(fields["t"] == kind for _, fields in client.xrange(key)) for key in client.scan_iter(match="req:*:ev")
-    )
+    from workers import protocol
+
+    request_ids = [key.split(":")[1] for key in client.scan_iter(match=protocol.events_key("*"))]
+    return sum(relayed(client, kind, request_id)() for request_id in request_ids)
 
 
 def test_a_redis_restart_mid_stream_loses_no_usage_and_counts_none_twice(tiny_stack, private_redis, make_tenant):

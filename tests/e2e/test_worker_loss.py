@@ -75,13 +75,28 @@ def _stream_and_kill_the_worker(stack, key: str) -> tuple[list[str], float] | No
 
 
 def test_a_worker_whose_engine_cannot_start_exits_with_an_error(live_stack, tmp_path):
+    env = live_stack.worker_env("broken", pool="broken", model_path=str(tmp_path / "no-model-here"))
+    output = _run_broken_worker(live_stack, env)
+    assert "the engine failed to start" in output
+
+
+def test_a_worker_refusing_its_settings_exits_with_an_error_rather_than_serve_nothing(live_stack):
+    """A setting refused while the worker builds its runtime, before any engine starts: Celery would
+    log and swallow the error of its start-up signal and keep a worker up that never serves."""
+    env = dict(live_stack.worker_env("broken", pool="broken"), WORKER_ENGINE_STREAM_INTERVAL="0")
+    output = _run_broken_worker(live_stack, env)
+    assert "the engine failed to start: WORKER_ENGINE_STREAM_INTERVAL must be >= 1" in output
+
+
+def _run_broken_worker(stack, env: dict) -> str:
+    """Run a worker that cannot serve; its output, once it has exited with status 3."""
     result = subprocess.run(
-        live_stack.worker_command("broken", pool="broken", concurrency=2),
+        stack.worker_command("broken", pool="broken", concurrency=2),
         cwd=ROOT,
-        env=live_stack.worker_env("broken", pool="broken", model_path=str(tmp_path / "no-model-here")),
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert result.returncode == 3
-    assert "the engine failed to start" in result.stderr + result.stdout
+    assert result.returncode == 3, result.stderr[-2000:]
+    return result.stderr + result.stdout

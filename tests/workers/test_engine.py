@@ -5,6 +5,7 @@ deterministic, so outputs can be compared exactly.
 """
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -84,6 +85,19 @@ def test_chunks_add_up_to_the_completion(engine_host, chat_prompt_ids):
     assert all(chunk.prompt_tokens == len(chat_prompt_ids) for chunk in chunks)
     assert chunks[0].token_count > 0 and chunks[0].ttft is not None and chunks[0].ttft > 0
     assert final.decode_time is not None and final.decode_time > 0
+
+
+def test_the_engine_hands_on_the_first_token_at_once_then_a_stream_interval_at_a_time(engine_host, chat_prompt_ids):
+    interval = engine_host.engine_args["stream_interval"]
+    assert interval == 8  # the worker's default (WORKER_ENGINE_STREAM_INTERVAL)
+    outputs = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 40}, flush_interval=0)
+    # The engine's outputs end after the first token (time to first token), then every 8 tokens, then
+    # at the end: 1, 9, 17, 25, 33, 40. A reader that lags may take two outputs as one chunk, so a
+    # chunk ends on one of those, never between them.
+    boundaries = {1, *range(1 + interval, 40, interval), 40}
+    ends = set(itertools.accumulate(chunk.token_count for chunk in outputs))
+    assert 40 in ends and ends <= boundaries, sorted(ends)
+    assert _ids(outputs) == list(_vllm_direct(engine_host, chat_prompt_ids, 40).token_ids)
 
 
 def test_deltas_are_coalesced_per_flush_interval(engine_host, chat_prompt_ids):
