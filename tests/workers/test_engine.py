@@ -109,9 +109,12 @@ def test_deltas_are_coalesced_per_flush_interval(engine_host, chat_prompt_ids):
     gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
     assert all(gap >= 0.095 for gap in gaps), gaps
     assert sum(chunk.token_count for _, chunk in received) == 200
-    per_token = _collect(engine_host, chat_prompt_ids, params, flush_interval=0)
-    assert len(received) < len(per_token) / 2, (len(received), len(per_token))
-    assert _ids(chunk for _, chunk in received) == _ids(per_token)
+    # Every engine output as its own chunk: never fewer than the coalesced ones. How many fewer the
+    # interval makes depends on the engine's speed (a loaded machine's engine makes few outputs per
+    # 0.1 s), so the gaps above are what this checks of the coalescing.
+    per_output = _collect(engine_host, chat_prompt_ids, params, flush_interval=0)
+    assert len(received) <= len(per_output), (len(received), len(per_output))
+    assert _ids(chunk for _, chunk in received) == _ids(per_output)
 
 
 def test_max_tokens_is_honoured(engine_host, chat_prompt_ids):
