@@ -74,12 +74,23 @@ class Child(launcher.Child):
         compute = set(range(os.cpu_count() or 1)) - self.serving_cpus or self.serving_cpus
 
         def pin(proc: psutil.Process, cpus: set[int]) -> None:
-            if proc.name().startswith("VLLM::"):
+            if is_engine_process(proc):
                 cpus = compute
-            for thread in proc.threads():
-                with contextlib.suppress(ProcessLookupError):
-                    os.sched_setaffinity(thread.id, cpus)
+            pin_threads(proc, cpus)
             for child in proc.children():
                 pin(child, cpus)
 
         pin(psutil.Process(self.pid), self.serving_cpus)
+
+
+def is_engine_process(proc) -> bool:
+    """A vLLM engine process (a ``psutil.Process`` titled ``VLLM::...``: the engine core, and on the
+    CPU its model worker)."""
+    return proc.name().startswith("VLLM::")
+
+
+def pin_threads(proc, cpus: set[int]) -> None:
+    """Pin every thread of ``proc`` (a ``psutil.Process``) to ``cpus``; a thread that ended is skipped."""
+    for thread in proc.threads():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(thread.id, cpus)

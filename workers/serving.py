@@ -65,7 +65,7 @@ def _flush_events_per_second() -> float:
     return _env_number("WORKER_FLUSH_EVENTS_PER_SECOND", 250, 1_000_000)
 
 
-def _engine_stream_interval() -> int:
+def engine_stream_interval() -> int:
     """WORKER_ENGINE_STREAM_INTERVAL (default 8, 1 = every token): vLLM's ``stream_interval``, the
     tokens a request gathers in the engine's output handling before it hands them on (its first
     token and its end are handed on at once). The relay writes a request's text at most once per
@@ -112,7 +112,7 @@ class WorkerRuntime:
         self.pod = os.environ.get("POD_NAME") or socket.gethostname()
         self.redis = _worker_redis()
         self.engine = engine or EngineHost(
-            model_path, profile=profile, served_model_name=model, stream_interval=_engine_stream_interval()
+            model_path, profile=profile, served_model_name=model, stream_interval=engine_stream_interval()
         )
         self.relay = EventRelay(
             self.engine,

@@ -4,8 +4,8 @@ vLLM's engine core is one process per engine that schedules every step; on this 
 host's work per step bounds the step, so its pace follows the CPU it gets. On the bench's machine
 the platform's web processes, Redis, PostgreSQL and the clients share the host with both engines,
 where a deployment runs the web tier and Redis on other nodes. With ``BENCH_ENGINE_CPUS`` set, once
-every engine is up and before any is measured, each engine core process (its every thread) is
-pinned to those CPUs and every other process the bench can pin to the rest, except the processes
+every engine is up and before any is measured, each engine process (vLLM's ``VLLM::EngineCore``,
+its every thread) is pinned to those CPUs and every other process the bench can pin to the rest, except the processes
 that started the bench (they outlive the call); both sides of a
 comparison get the same treatment (their engine cores measure one at a time). Processes started
 later inherit their parent's CPUs.
@@ -13,12 +13,11 @@ later inherit their parent's CPUs.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import psutil
 
-ENGINE_CORE_MARK = "EngineCore"  # vLLM's process title for its engine core ("VLLM::EngineCore")
+from benchmarks.procs import is_engine_process, pin_threads
 
 
 def parse_cpus(text: str) -> set[int]:
@@ -42,12 +41,6 @@ def engine_cpus_from_env(available: set[int]) -> set[int] | None:
     return cpus
 
 
-def is_engine_core(proc: psutil.Process) -> bool:
-    with contextlib.suppress(psutil.Error):
-        return ENGINE_CORE_MARK in proc.name() or ENGINE_CORE_MARK in " ".join(proc.cmdline())
-    return False
-
-
 def pin_engine_cores(engine_cpus: set[int], available: set[int]) -> dict:
     """Pin every thread of each engine core to ``engine_cpus`` and every other process's threads to
     the other CPUs. Returns what was done, for the call's result."""
@@ -59,8 +52,11 @@ def pin_engine_cores(engine_cpus: set[int], available: set[int]) -> dict:
     for proc in psutil.process_iter():
         if proc.pid in ancestors:
             continue
-        core = is_engine_core(proc)
-        if _pin_threads(proc, engine_cpus if core else rest):
+        try:
+            core = is_engine_process(proc)
+        except psutil.Error:  # it ended
+            continue
+        if _pinned(proc, engine_cpus if core else rest):
             if core:
                 cores.append(proc.pid)
             else:
@@ -68,14 +64,11 @@ def pin_engine_cores(engine_cpus: set[int], available: set[int]) -> dict:
     return {"engine_cpus": sorted(engine_cpus), "engine_core_pids": sorted(cores), "other_processes": others}
 
 
-def _pin_threads(proc: psutil.Process, cpus: set[int]) -> bool:
-    """False for a process that cannot be pinned (a kernel thread, one that ended)."""
+def _pinned(proc: psutil.Process, cpus: set[int]) -> bool:
+    """Pin every thread of ``proc``; False for a process that cannot be pinned (a kernel thread bound
+    to its CPU, one that ended)."""
     try:
-        threads = proc.threads()
-        os.sched_setaffinity(proc.pid, cpus)
+        pin_threads(proc, cpus)
     except (psutil.Error, OSError):
         return False
-    for thread in threads:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(thread.id, cpus)
     return True

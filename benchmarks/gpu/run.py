@@ -45,7 +45,7 @@ WORK = Path("/tmp/gpubench")
 RESULTS, LOGS, BARRIER = WORK / "results", WORK / "logs", WORK / "barrier"
 ADAPTERS = WORK / "adapters"
 LOCK = WORK / "gpu.lock"
-PINNING = WORK / "pinning.json"  # what BENCH_ENGINE_CPUS pinned in this call (pinning.py)
+PINNED: dict = {}  # what BENCH_ENGINE_CPUS pinned in this call (pinning.py), for its result
 # Log lines worth keeping in the result: the attention backend, compile and start-up times.
 LOG_FACTS = re.compile(
     r"Using .* backend|[Aa]synchronous scheduling is|torch\.compile take|Compil(ing|ation) .* took|"
@@ -151,14 +151,12 @@ def _release(procs: dict[str, subprocess.Popen], deadline: float, planned: dict[
 
 def _pin_engine_cores() -> None:
     """With BENCH_ENGINE_CPUS, keep those CPUs for the engine cores from now on (pinning.py)."""
-    PINNING.unlink(missing_ok=True)
     available = set(range(os.cpu_count() or 1))
     engine_cpus = pinning.engine_cpus_from_env(available)
     if engine_cpus is None:
         return
-    done = pinning.pin_engine_cores(engine_cpus, available)
-    PINNING.write_text(json.dumps(done))
-    print(f"pinned: {done}", flush=True)
+    PINNED.update(pinning.pin_engine_cores(engine_cpus, available))
+    print(f"pinned: {PINNED}", flush=True)
 
 
 def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Path) -> list[str]:
@@ -236,8 +234,8 @@ def environment() -> dict:
         # slows it (the per-level "wait" figures show time spent waiting for any CPU, not this).
         siblings = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read_text().strip()
         info["cpus"] = f"{os.cpu_count()} CPUs, cpu0 shares its core with: {siblings}"
-    if PINNING.exists():
-        info["pinning"] = json.loads(PINNING.read_text())
+    if PINNED:
+        info["pinning"] = PINNED
     return info
 
 

@@ -22,10 +22,10 @@ def engine_host(engine_model_dir):
     """A started ``EngineHost`` on the tiny model, with the output handling a worker gives it (its
     stream interval); shut down (and checked) at the end of the session."""
     from workers.engine import EngineHost, EngineNotReady
-    from workers.serving import _engine_stream_interval
+    from workers.serving import engine_stream_interval
 
     host = EngineHost(str(engine_model_dir), profile="cpu", served_model_name="tiny-gemma4", enforce_eager=True,
-                      stream_interval=_engine_stream_interval())  # fmt: skip
+                      stream_interval=engine_stream_interval())  # fmt: skip
     host.start(timeout=300)
     yield host
     host.shutdown()
