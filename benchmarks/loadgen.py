@@ -141,6 +141,8 @@ async def stream_one(session: aiohttp.ClientSession, url: str, headers: dict, bo
     result = RequestResult(sent_at=time.perf_counter(), ended_at=0.0)
     try:
         async with await _post(session, url, headers, body) as response:
+            result.headers_at = time.perf_counter()
+            result.request_id = response.headers.get("X-Request-Id")
             if response.status != 200:
                 text = (await response.text())[:300]
                 result.error = f"HTTP {response.status}: {text}"

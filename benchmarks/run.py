@@ -161,6 +161,8 @@ class Target:
     profile_pids: dict | None = None  # name -> (pid, with subprocesses) for py-spy
     # With --engine-steps: reads its engine's histogram of tokens per step (measure.engine_steps).
     read_steps: Callable[[], dict | None] | None = None
+    # The platform's: its ledger's worker times of the given request ids (measure.ledger_worker_times).
+    worker_times: Callable[[list[str]], dict] | None = None
 
     def pause(self) -> None:
         for service in reversed(self.services):
@@ -205,6 +207,7 @@ def start_targets(plan: Plan, model_dir: str, stack: contextlib.ExitStack) -> di
             {"gateway": (web, "tree"), "worker": (worker, "self"), "engine": (worker, "children")},
             {"gateway": (web, True), "worker": (worker, False)},
             read_steps=(lambda: read_step_token_counts(metrics_port)) if metrics_port else None,
+            worker_times=lambda ids: gpu_measure.ledger_worker_times(platform.env["DATABASE_URL"], ids),
         )  # fmt: skip
     if "bare" not in plan.targets:
         targets.pop("bare", None)
@@ -212,9 +215,10 @@ def start_targets(plan: Plan, model_dir: str, stack: contextlib.ExitStack) -> di
 
 
 def run_one(target: Target, plan: Plan, level: int, first_index: int,
-            profile: bool) -> tuple[list, float, dict, str, dict | None]:  # fmt: skip
+            profile: bool) -> tuple[list, float, dict, str, dict | None, dict]:  # fmt: skip
     """One round of one level on one target (resumed for it): raw results, wall time, CPU seconds,
-    profile, and with --engine-steps its engine steps (``round_steps``)."""
+    profile, with --engine-steps its engine steps (``round_steps``), and the platform's worker
+    times of its requests (read before it is paused, which would hold its ledger writes back)."""
     target.resume()
     try:
         settle_after_resume(target, plan, level, first_index)
@@ -231,7 +235,10 @@ def run_one(target: Target, plan: Plan, level: int, first_index: int,
             results, duration = run_requests(target.base_url, target.api_key, plan.workload, level, requests,
                                              first_index)  # fmt: skip
         cpu = meter.stop()
-        return results, duration, cpu, text, _round_steps(target, steps_before, level, results)
+        steps = _round_steps(target, steps_before, level, results)
+        ids = [r.request_id for r in results if r.ok and r.request_id]
+        times = target.worker_times(ids) if target.worker_times and ids else {}
+        return results, duration, cpu, text, steps, times
     finally:
         target.pause()
 
@@ -296,12 +303,14 @@ def measure_all(targets: dict[str, Target], plan: Plan) -> tuple[list[LevelSumma
         waves: dict[str, list] = {name: [] for name in names}
         per_round: dict[str, list[float]] = {name: [] for name in names}
         round_steps: dict[str, list] = {name: [] for name in names}
+        worker_times: dict[str, dict] = {name: {} for name in names}
         for round_no in range(plan.rounds):
             order = names[round_no % len(names) :] + names[: round_no % len(names)]
             for name in order:
                 profile = level == plan.profile_level and round_no == 0
-                results, duration, cpu, text, steps = run_one(targets[name], plan, level, index, profile)
+                results, duration, cpu, text, steps, times = run_one(targets[name], plan, level, index, profile)
                 round_steps[name].append(steps)
+                worker_times[name].update(times)
                 index += len(results)
                 waves[name] += first_wave(results, level)
                 per_round[name].append(
@@ -317,11 +326,38 @@ def measure_all(targets: dict[str, Target], plan: Plan) -> tuple[list[LevelSumma
             summary.cpu_s, summary.round_tok_s = cpu, per_round[name]
             if plan.engine_steps:
                 summary.round_steps = round_steps[name]
+            if worker_times[name]:
+                summary.ttft_breakdown = _ttft_breakdown(results, worker_times[name])
+                summary.first_wave_ttft_breakdown = _ttft_breakdown(waves[name], worker_times[name])
+                log(f"{name:8s} {level:3d} streams: {_breakdown_text(summary)}")
             log(f"{name:8s} {level:3d} streams: {summary.output_tok_s:8.1f} tok/s  TTFT p50 {summary.ttft_p50_ms} ms"
                 f" (first wave {summary.first_wave_ttft_p50_ms})  ITL p50 {summary.itl_p50_ms} ms"
                 f"  errors {summary.errors + summary.short}  cpu {cpu}")  # fmt: skip
             summaries.append(summary)
     return summaries, profile_text
+
+
+def _ttft_breakdown(results: list, worker_times: dict) -> dict:
+    """``results``' time to first token split by the worker's times (benchmarks/gpu/measure.py)."""
+    records = [
+        gpu_measure.RequestRecord(
+            submitted=r.sent_at, first_token=r.chunk_times[0] if r.chunk_times else None, finished=r.ended_at,
+            tokens=r.completion_tokens, request_id=r.request_id, headers=r.headers_at,
+        )
+        for r in results
+        if r.ok
+    ]  # fmt: skip
+    return gpu_measure.ttft_breakdown(records, worker_times)
+
+
+def _breakdown_text(summary: LevelSummary) -> str:
+    """E.g. "first token p50 ms, all / first wave: gateway 9.1 / 40.2, queue 11 / 35, ..."."""
+    both = (summary.ttft_breakdown or {}, summary.first_wave_ttft_breakdown or {})
+    parts = ", ".join(
+        f"{part.removesuffix('_ttft')} {' / '.join(str(b.get(f'{part}_ms_p50')) for b in both)}"
+        for part in ("gateway", "queue", "engine_ttft", "relay")
+    )
+    return f"first token p50 ms, all / first wave: {parts}"
 
 
 def context_text(plan: Plan, summaries: list[LevelSummary], started: float) -> str:

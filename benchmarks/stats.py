@@ -43,6 +43,8 @@ class RequestResult:
     completion_tokens: int = 0
     prompt_tokens: int = 0
     error: str | None = None
+    request_id: str | None = None  # the response's X-Request-Id (the platform's ledger row has it)
+    headers_at: float | None = None  # when the response headers came (the platform sends them once admitted)
 
     @property
     def ok(self) -> bool:
@@ -93,6 +95,11 @@ class LevelSummary:
     # With --engine-steps: each round's engine steps (``steps``, ``steps_over_streams``: the mixed
     # ones, ``tokens_per_step``: completion tokens per step), None for a round not counted.
     round_steps: list = field(default_factory=list)
+    # Where the platform's time to first token goes, p50 in ms (benchmarks/gpu/measure.py
+    # ``ttft_breakdown``), over all the level's requests and over its first waves; None for a
+    # target without a ledger.
+    ttft_breakdown: dict | None = None
+    first_wave_ttft_breakdown: dict | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)

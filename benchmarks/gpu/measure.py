@@ -233,6 +233,27 @@ def ttft_breakdown(records: list[RequestRecord], worker_times: dict[str, tuple[i
     }
 
 
+def ledger_worker_times(database_url: str, request_ids: list[str], timeout_s: float = 30.0) -> dict:
+    """The worker's times of each request in the platform's ledger: request id -> (queue_ms, ttft_ms).
+
+    The gateway writes a request's row in its next batch after the stream ends (the periodic flush
+    catches any it missed), so this waits up to ``timeout_s`` for every row; rows still missing then
+    are left out."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout_s
+    with psycopg.connect(database_url) as conn:
+        while True:
+            rows = conn.execute(
+                "SELECT request_id, queue_ms, ttft_ms FROM ledger_usagerecord WHERE request_id = ANY(%s)",
+                (request_ids,),
+            ).fetchall()
+            if len(rows) >= len(request_ids) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    return {request_id: (queue_ms, ttft_ms) for request_id, queue_ms, ttft_ms in rows}
+
+
 def _round(value: float | None, digits: int = 1) -> float | None:
     return None if value is None else round(value, digits)
 

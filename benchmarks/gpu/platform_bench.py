@@ -306,20 +306,8 @@ def _warm_up(stack: Stack, key: str, args) -> dict:
 
 def _add_ttft_breakdown(levels: list[dict], level_records: list[list[measure.RequestRecord]], database_url: str):
     """Each level's time to first token split by the worker's times in the ledger (measure.ttft_breakdown)."""
-    import psycopg
-
     ids = [r.request_id for records in level_records for r in records if r.request_id]
-    deadline = time.monotonic() + 30
-    with psycopg.connect(database_url) as conn:
-        # The gateway writes each row as its stream ends; the periodic flush catches any it missed.
-        while True:
-            rows = conn.execute(
-                "SELECT request_id, queue_ms, ttft_ms FROM ledger_usagerecord WHERE request_id = ANY(%s)", (ids,)
-            ).fetchall()
-            if len(rows) >= len(ids) or time.monotonic() > deadline:
-                break
-            time.sleep(1)
-    worker_times = {request_id: (queue_ms, ttft_ms) for request_id, queue_ms, ttft_ms in rows}
+    worker_times = measure.ledger_worker_times(database_url, ids)
     for level, records in zip(levels, level_records, strict=True):
         level["ttft_breakdown"] = breakdown = measure.ttft_breakdown(records, worker_times)
         print(f"[platform] {level['streams']:>4} streams: ttft p50 {level['ttft_ms_p50']} ms = queue "

@@ -268,3 +268,57 @@ def test_the_metrics_wrapper_takes_celery_command_lines_only():
     assert wrapped[1:4] == ["-m", "benchmarks.gpu.worker_metrics", "9100"] and wrapped[4:] == argv[3:]
     with pytest.raises(ValueError, match="celery"):
         behind_metrics(["python", "manage.py", "runserver"], 9100)
+
+
+def test_the_platforms_first_token_is_split_by_its_ledgers_worker_times():
+    from benchmarks.run import _breakdown_text, _ttft_breakdown
+
+    # Sent at 10.0, headers after 20 ms, first token after 250 ms: 20 gateway + 40 queue + 150 engine + 40 relay.
+    timed = RequestResult(sent_at=10.0, ended_at=11.0, chunk_times=[10.25, 10.5], completion_tokens=2,
+                          request_id="a", headers_at=10.02)  # fmt: skip
+    failed = RequestResult(sent_at=10.0, ended_at=10.1, request_id="b", error="HTTP 429")
+    unknown = RequestResult(sent_at=10.0, ended_at=11.0, chunk_times=[10.1], completion_tokens=1, request_id="c")
+    times = {"a": (40, 150), "b": (1, 1)}
+
+    breakdown = _ttft_breakdown([timed, failed, unknown], times)
+
+    assert breakdown["requests"] == 1
+    parts = (breakdown["gateway_ms_p50"], breakdown["queue_ms_p50"], breakdown["engine_ttft_ms_p50"])
+    assert parts == (20.0, 40.0, 150.0)
+    assert round(breakdown["relay_ms_p50"], 6) == 40.0
+    summary = summarize("platform", 1, [timed], 1.0, 2)
+    summary.ttft_breakdown, summary.first_wave_ttft_breakdown = breakdown, breakdown
+    assert _breakdown_text(summary).endswith("gateway 20.0 / 20.0, queue 40 / 40, engine 150 / 150, relay 40.0 / 40.0")
+
+
+def test_the_load_generator_records_the_request_id_and_when_the_headers_came():
+    import asyncio
+
+    from aiohttp import web
+
+    from benchmarks.loadgen import run_level_async
+
+    async def chat(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Request-Id": "chatcmpl-7"})
+        await response.prepare(request)
+        chunk = {"choices": [{"index": 0, "delta": {"content": "hi"}}], "usage": {"completion_tokens": 1}}
+        await response.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
+        return response
+
+    async def scenario():
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            return await run_level_async(f"http://127.0.0.1:{port}/v1/chat/completions", {}, lambda i: {}, 1, 1)
+        finally:
+            await runner.cleanup()
+
+    (result,), _ = asyncio.run(scenario())
+    assert result.ok, result.error
+    assert result.request_id == "chatcmpl-7"
+    assert result.sent_at <= result.headers_at <= result.chunk_times[0]

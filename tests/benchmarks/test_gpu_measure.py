@@ -381,3 +381,25 @@ def test_engine_steps_give_the_engines_own_mean_time_between_tokens_where_read()
     # No token gap in the turn (or no such histogram): no figure rather than a division by zero.
     assert "itl_ms_mean" not in measure.engine_steps({**before, ITL_COUNT: 900.0}, after, 256)
     assert "itl_ms_mean" not in measure.engine_steps({"+Inf": 1.0}, {"+Inf": 9.0}, 256)
+
+
+@pytest.mark.django_db(transaction=True)  # the function reads through a connection of its own
+def test_the_ledger_gives_each_requests_worker_times_and_leaves_out_rows_still_missing(make_tenant):
+    from django.db import connection
+    from psycopg.conninfo import make_conninfo
+
+    from ledger.models import UsageRecord
+
+    tenant, _ = make_tenant("bench")
+    key_id = tenant.api_keys.get().id
+    for request_id, queue_ms, ttft_ms in (("cmpl-a", 12, 80), ("cmpl-b", 30, None)):
+        UsageRecord.objects.create(request_id=request_id, tenant=tenant, api_key_id=key_id, model="m", prompt_tokens=9,
+                                   completion_tokens=3, total_ms=90, queue_ms=queue_ms, ttft_ms=ttft_ms,
+                                   finished_at="2026-01-01T00:00:00Z")  # fmt: skip
+    db = connection.settings_dict
+    fields = {"dbname": "NAME", "user": "USER", "password": "PASSWORD", "host": "HOST", "port": "PORT"}
+    url = make_conninfo(**{field: db[name] for field, name in fields.items() if db[name]})
+
+    times = measure.ledger_worker_times(url, ["cmpl-a", "cmpl-b", "cmpl-never-written"], timeout_s=0.3)
+
+    assert times == {"cmpl-a": (12, 80), "cmpl-b": (30, None)}
