@@ -295,6 +295,7 @@ def test_the_load_generator_records_the_request_id_and_when_the_headers_came():
     import asyncio
 
     from aiohttp import web
+    from aiohttp.test_utils import TestServer
 
     from benchmarks.loadgen import run_level_async
 
@@ -308,15 +309,8 @@ def test_the_load_generator_records_the_request_id_and_when_the_headers_came():
     async def scenario():
         app = web.Application()
         app.router.add_post("/v1/chat/completions", chat)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            return await run_level_async(f"http://127.0.0.1:{port}/v1/chat/completions", {}, lambda i: {}, 1, 1)
-        finally:
-            await runner.cleanup()
+        async with TestServer(app, host="127.0.0.1") as server:
+            return await run_level_async(str(server.make_url("/v1/chat/completions")), {}, lambda i: {}, 1, 1)
 
     (result,), _ = asyncio.run(scenario())
     assert result.ok, result.error
