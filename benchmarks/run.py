@@ -22,7 +22,10 @@ for a serving layer, whose per-token work then weighs more), as the cpu profile 
 benchmarks. Platform tuning knobs (WEB_CONCURRENCY, GATEWAY_THREADS, BENCH_WORKER_CONCURRENCY...)
 pass through the environment or ``--platform-env NAME=VALUE``. ``--engine-steps`` turns vLLM's
 statistics on in both engines and counts each round's engine steps (how full the engine's batch
-was: completion tokens per step, and the steps that mixed a prefill in).
+was: completion tokens per step, and the steps that mixed a prefill in). For the platform, each
+level's time to first token is also split by its ledger's worker times (gateway to the response
+headers, queue to the worker's start, the engine's own first token, the relay back), over all its
+requests and over its rounds' first waves.
 """
 
 from __future__ import annotations

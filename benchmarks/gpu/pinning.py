@@ -5,10 +5,10 @@ host's work per step bounds the step, so its pace follows the CPU it gets. On th
 the platform's web processes, Redis, PostgreSQL and the clients share the host with both engines,
 where a deployment runs the web tier and Redis on other nodes. With ``BENCH_ENGINE_CPUS`` set, once
 every engine is up and before any is measured, each engine process (vLLM's ``VLLM::EngineCore``,
-its every thread) is pinned to those CPUs and every other process the bench can pin to the rest, except the processes
-that started the bench (they outlive the call); both sides of a
-comparison get the same treatment (their engine cores measure one at a time). Processes started
-later inherit their parent's CPUs.
+its every thread) is pinned to those CPUs and every other process the bench can pin to the rest,
+except the processes that started the bench (they outlive the call); both sides of a comparison
+get the same treatment (their engine cores measure one at a time). Processes started later inherit
+their parent's CPUs.
 """
 
 from __future__ import annotations
