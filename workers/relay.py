@@ -3,11 +3,11 @@
 Each request's outputs arrive on the engine's event loop (``EngineHost.submit`` feeds a
 ``RelayedRequest``, which only appends to its buffer). One flusher coroutine turns what all the
 requests produced since its last pass into a single pipelined MULTI/EXEC: the start, delta, error
-and done entries of every request it touched, the done entries' usage in ``ledger:pending``. So the
-relay's cost is one Redis round trip per flush, whatever the number of requests, and no thread
-wakes up per request or per token: the Celery task that handed a request over holds its slot, but
-no thread, until the done entry is written (workers/requestpool.py; it stays the unit of dispatch,
-acknowledgement and drain).
+and done entries of every request it touched, the done entries' usage in ``ledger:pending`` and the
+settle of their quota reservations (quotas/scripts.py). So the relay's cost is one Redis round trip
+per flush, whatever the number of requests, and no thread wakes up per request or per token: the
+Celery task that handed a request over holds its slot, but no thread, until the done entry is
+written (workers/requestpool.py; it stays the unit of dispatch, acknowledgement and drain).
 
 Coalescing: a request's first text and its end are written at once (with nothing else), the rest
 at most once per interval, for all requests together. The interval grows with the requests in
@@ -34,8 +34,10 @@ import time
 
 import redis
 import redis.asyncio
+from redis.exceptions import NoScriptError
 
 from config.redis_client import REDIS_UNAVAILABLE, through_outage
+from quotas.scripts import settle_pending_call
 from workers import protocol
 from workers.adapters import AdapterResolver
 from workers.choices import Choice, compact_logprobs
@@ -370,10 +372,18 @@ class EventRelay:
             )
         except REDIS_UNAVAILABLE:
             return False
+        if any(isinstance(result, NoScriptError) for result in results):
+            # Redis restarted since the settle script was loaded: settling loads it (idempotent).
+            await self._settle([job for job, _ in writes if job.end_written])
         for result in results:
-            if isinstance(result, redis.ResponseError):
+            if isinstance(result, redis.ResponseError) and not isinstance(result, NoScriptError):
                 _raise_unless_written(result)
         return True
+
+    async def _settle(self, jobs: list[RelayedRequest]) -> None:
+        for job in jobs:
+            script, keys, args = settle_pending_call(job.rid)
+            await self.client.eval(script.script, len(keys), *keys, *args)
 
     def _release(self, jobs: list[RelayedRequest], error: BaseException | None = None) -> None:
         for job in jobs:
@@ -425,6 +435,9 @@ def _queue_writes(pipe, job: RelayedRequest, entries: list[Entry]) -> None:
         elif fields["t"] == "done":
             pipe.expire(key, protocol.REQUEST_TTL)
             pipe.hset(protocol.LEDGER_PENDING, job.rid, fields["u"])  # a second HSET is harmless
+            # The usage is durable from here on: its quota settles in the same transaction.
+            script, keys, args = settle_pending_call(job.rid)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
 
 
 def _error_fields(error: BaseException) -> dict:

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 # Usage entries the ledger refused on their own (a key or tenant deleted mid-request), for operators.
 LEDGER_REJECTED = "ledger:rejected"
-# Sent with `usages=` (a list of workers.protocol.Usage) by `ledger_flush(settle=True)` before it
+# Sent with `usages=` (a list of workers.protocol.Usage) by `ledger_flush` before it
 # writes a batch of pending entries: whoever owns what durable usage releases (the quotas' settlement)
 # acts on it before the rows reach PostgreSQL, so it never waits for the database. Receivers must be
 # idempotent: an entry is announced again by every flush until its row is written.
@@ -60,20 +60,18 @@ def ledger_write(usages: list[Usage]) -> None:
     UsageRecord.objects.bulk_create([usage_record_from(u) for u in usages], ignore_conflicts=True)
 
 
-def ledger_flush(*, request_ids: list[str] | None = None, batch_size: int = 500, settle: bool = True) -> int:
+def ledger_flush(*, request_ids: list[str] | None = None, batch_size: int = 500) -> int:
     """Write pending usage into the ledger; returns how many entries were flushed.
 
     With request_ids, only those entries (the gateway's fast path right after a request ends);
-    without, everything pending (the periodic task). Entries stay in Redis when PostgreSQL fails.
-    `settle`: announce each batch on `pending_flushing` first (the quotas settle from it); False when
-    the caller settled these entries already (quotas.settlement.usage_record_async).
+    without, everything pending (the periodic task). Each batch is announced on `pending_flushing`
+    first (the quotas settle from it). Entries stay in Redis when PostgreSQL fails.
     """
     redis = get_redis()
     flushed = 0
     for raw_by_id in _pending_batches(redis, request_ids, batch_size):
         usages = [Usage.loads(raw) for raw in raw_by_id.values()]
-        if settle:
-            pending_flushing.send(sender=UsageRecord, usages=usages)
+        pending_flushing.send(sender=UsageRecord, usages=usages)
         try:
             try:
                 ledger_write(usages)

@@ -1,7 +1,7 @@
 """The gateway's fast path into the ledger: the rows of finished requests, written in batches.
 
-When a request ends, its quota reservation is settled on the spot (quotas/settlement.py
-`usage_record_async`: the tenant's concurrency slot and budget come back before the response ends), and
+When a request ends, its quota reservation is settled already (by its worker, in the write that
+carried its end: the tenant's concurrency slot and budget come back before the response ends), and
 its request id is handed to a thread of the web process that writes the ledger rows of every
 request that ended in the last `LEDGER_BATCH_SECONDS` with one INSERT: one INSERT and commit per
 response cost ~15% of the gateway's CPU samples at 32 streams, and a commit's wait before the
@@ -51,9 +51,9 @@ class _BatchWriter:
     @staticmethod
     def _write(batch: list[str]) -> None:
         try:
-            # Settled before they were handed over; entries it cannot write stay pending for the
-            # periodic flush.
-            ledger_flush(request_ids=batch, settle=False)
+            # Their workers settled them (a no-op here but for a worker of an older version, one
+            # pipelined call per batch); entries it cannot write stay pending for the periodic flush.
+            ledger_flush(request_ids=batch)
         except Exception:
             log.exception("ledger batch of %d failed; the periodic flush will write it", len(batch))
         finally:
@@ -64,6 +64,5 @@ _writer = _BatchWriter()
 
 
 def ledger_write_soon(request_id: str) -> None:
-    """Write the request's pending usage entry into the ledger with the next batch (its quota is
-    settled already)."""
+    """Write the request's pending usage entry into the ledger with the next batch."""
     _writer.add(request_id)

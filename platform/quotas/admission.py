@@ -22,44 +22,16 @@ lost worker; and for reservations nobody settled in time (a crashed gateway), fr
 import json
 import math
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from redis.commands.core import Script
 
-from config.redis_client import get_redis
 from quotas.limits import Limits
+from quotas.scripts import RESERVATIONS, quota_script, resv_key
 
-RESERVATIONS = "resv:deadlines"
 # A reservation (and the slot it holds) lives at most this long: the lifetime of a request's keys.
 HOLD_SECONDS = 3600
 UNLIMITED = -1
-
-_LUA = Path(__file__).resolve().parent / "lua"
-
-
-# Scripts made of others, so that one round trip does what each does alone: each part becomes a
-# local function of (KEYS, ARGV) ahead of the script's own text.
-_PARTS = {"admit_and_take_slot": ("admit", "fair_acquire"), "settle_pending": ("settle",)}
-
-
-@cache
-def _lua_source(name: str) -> str:
-    parts = "".join(
-        f"local function {part}(KEYS, ARGV)\n{(_LUA / f'{part}.lua').read_text()}\nend\n"
-        for part in _PARTS.get(name, ())
-    )
-    return parts + (_LUA / f"{name}.lua").read_text()
-
-
-@cache
-def _script(name: str):
-    return get_redis().register_script(_lua_source(name))
-
-
-def resv_key(request_id: str) -> str:
-    return f"resv:{request_id}"
 
 
 def tenant_scope(tenant_id: int) -> str:
@@ -218,7 +190,7 @@ def quota_admit_call(**admit: Any) -> tuple[Script, list, list]:
     """`quota_admit` (same arguments, less `redis`) as a script call (script, keys, args), to run
     beside others in one round trip (config/redis_client.py `scripts_in_one_round_trip`);
     `admitted_from` reads its reply."""
-    return _script("admit"), *admit_call(**admit)
+    return quota_script("admit"), *admit_call(**admit)
 
 
 def admit_call(
@@ -248,7 +220,7 @@ def admitted_from(reply: list) -> Admitted:
 
 def quota_settle(*, request_id: str, prompt_tokens: int, completion_tokens: int, redis=None) -> bool:
     """Replace the reservation by the actual usage; False if it was settled already."""
-    reply = _script("settle")(
+    reply = quota_script("settle")(
         keys=[resv_key(request_id), RESERVATIONS], args=[request_id, prompt_tokens, completion_tokens], client=redis
     )
     return reply == 1

@@ -18,8 +18,9 @@ from django.conf import settings
 from catalog.readiness import ready_workers as _ready
 from config.redis_client import get_redis
 from core.errors import ServiceUnavailable
-from quotas.admission import HOLD_SECONDS, Admitted, _script, admit_call, admitted_from, quota_admit, resv_key
+from quotas.admission import HOLD_SECONDS, Admitted, admit_call, admitted_from, quota_admit
 from quotas.limits import Limits
+from quotas.scripts import quota_script, resv_key
 
 # A waiting tenant counts as waiting while one of its requests polled within this many seconds.
 WAITER_FRESH_SECONDS = 2.0
@@ -49,7 +50,7 @@ def fair_share_acquire(
         return 0.0
     timeout = settings.QUEUE_TIMEOUT_SECONDS if timeout is None else timeout
     poll = settings.FAIR_SHARE_POLL_SECONDS if poll is None else poll
-    script = _script("fair_acquire")
+    script = quota_script("fair_acquire")
     started = time.monotonic()
     waiting = queued
     while True:
@@ -93,7 +94,7 @@ def quota_admit_with_slot(
         max_tokens=max_tokens, implicit_max_tokens=implicit_max_tokens, choices=choices,
     )  # fmt: skip
     slot_args = _slot_args(tenant_id, request_id, weight, capacity, waiting=False)
-    reply = _script("admit_and_take_slot")(
+    reply = quota_script("admit_and_take_slot")(
         keys=[*keys, pool_prefix(pool)], args=[len(keys), len(args), *args, *slot_args], client=redis
     )
     return admitted_from(reply[:3] if reply[0] == 1 else reply), reply[0] == 1 and reply[3] == 1

@@ -7,8 +7,9 @@ and unused budget back at once, without waiting for PostgreSQL. This module is t
 does it; the settle script itself (`quota_settle`) is idempotent per request id, so each path below
 may overlap the others safely:
 
-- `usage_record_async` (`usage_record_now` with batching off): the gateway's fast path when a relay
-  ends (settle now, write the row in a batch);
+- the worker, in the write that carries a request's done event and usage entry (workers/relay.py,
+  `quotas.scripts.settle_pending_call`): the fast path of every request a worker ends;
+- `usage_record_now` (ledger batching off): the gateway writes the row now, settling on the way;
 - `usage_buffer`: the gateway puts the usage of a request no worker finished, and settles it;
 - every flush of `ledger:pending` (the periodic `ledger.flush` task, an invoice run) settles each
   batch before writing it (`ledger.services.pending_flushing`), for a request whose gateway died;
@@ -19,11 +20,12 @@ import time
 
 from django.dispatch import receiver
 
-from config.redis_client import get_async_redis, get_redis
+from config.redis_client import get_redis
 from ledger.models import UsageRecord
 from ledger.services import ledger_flush, ledger_pending_put, pending_flushing
 from ledger.writer import ledger_write_soon
-from quotas.admission import RESERVATIONS, _lua_source, _script, quota_settle, resv_key
+from quotas.admission import quota_settle
+from quotas.scripts import RESERVATIONS, quota_script, resv_key
 from workers.protocol import LEDGER_PENDING, Usage
 
 
@@ -31,7 +33,7 @@ def usages_settle(usages: list[Usage]) -> None:
     """Settle the reservations of these durable usage entries, in one round trip (idempotent)."""
     if not usages:
         return
-    script = _script("settle")
+    script = quota_script("settle")
     pipe = get_redis().pipeline(transaction=False)
     for usage in usages:
         script(keys=_settle_keys(usage), args=_settle_args(usage), client=pipe)
@@ -46,13 +48,10 @@ def usage_record_now(request_id: str) -> None:
     ledger_flush(request_ids=[request_id])  # settles through `pending_flushing`, then writes
 
 
-async def usage_record_async(request_id: str) -> None:
-    """A request ended (its usage entry is pending) and ledger batching is on: settle its quota now,
-    on the event loop's own Redis client (no thread, and no thread hop before its response ends), and
-    have its row written with the process's next batch (LEDGER_BATCH_SECONDS)."""
-    # One round trip: the script reads the usage entry itself (nothing to settle without one).
-    settle = get_async_redis().register_script(_lua_source("settle_pending"))
-    await settle(keys=[LEDGER_PENDING, resv_key(request_id), RESERVATIONS], args=[request_id])
+def usage_record_soon(request_id: str) -> None:
+    """A request ended and ledger batching is on: its worker settled its quota already, in the
+    write that carried its end; have its row written with this process's next batch
+    (LEDGER_BATCH_SECONDS). No I/O: safe on the event loop."""
     ledger_write_soon(request_id)
 
 

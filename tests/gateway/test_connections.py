@@ -86,7 +86,7 @@ def test_an_unbatched_reply_writes_its_row_and_its_thread_gives_the_connection_b
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_batched_reply_settles_at_once_and_its_row_follows(
+def test_a_batched_reply_has_its_row_written_soon_without_a_database_connection_on_the_loop(
     connections_close_at_request_end, make_tenant, redis_client, settings
 ):
     settings.LEDGER_BATCH_SECONDS = 0.05
@@ -94,12 +94,14 @@ def test_a_batched_reply_settles_at_once_and_its_row_follows(
 
     _record_as_the_views_do("chatcmpl-batch")  # on the event loop: no thread, no database connection
 
-    assert not redis_client.exists("resv:chatcmpl-batch")  # the quota is settled before the reply ends
     deadline = time.monotonic() + 10
     while not UsageRecord.objects.filter(request_id="chatcmpl-batch").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert UsageRecord.objects.get(request_id="chatcmpl-batch").completion_tokens == 3
     assert not redis_client.hexists("ledger:pending", "chatcmpl-batch")
+    # The worker settles a request it ends (tests/workers/test_relay.py); the row's write settles
+    # one it did not (an older worker during an upgrade).
+    assert not redis_client.exists("resv:chatcmpl-batch")
 
 
 @pytest.mark.django_db

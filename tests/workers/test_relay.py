@@ -245,3 +245,33 @@ def test_a_forced_tool_call_is_held_back_and_parsed_into_the_done_entry(relay, c
     assert end["finish_reason"] == "tool_calls" and usage.finish_reason == "stop"
     [call] = end["tool_calls"]
     assert call["name"] == "check" and isinstance(json.loads(call["arguments"])["ok"], bool)
+
+
+def test_a_requests_end_settles_its_quota_in_the_same_write_also_after_redis_lost_the_script(
+    relay, chat_prompt_ids, redis_client, make_tenant
+):
+    from quotas.admission import quota_admit, tenant_scope
+    from quotas.limits import limits_for
+    from quotas.services import tenant_quota_set
+
+    tenant, _ = make_tenant("relay-settle")
+    tenant_quota_set(tenant=tenant, concurrency=4, budget_tokens=10_000)
+    key_id = tenant.api_keys.get().id
+    requests = [_request(chat_prompt_ids, 8) for _ in range(2)]
+    for request in requests:
+        request.tenant_id, request.key_id = tenant.id, key_id
+        quota_admit(request_id=request.request_id, tenant_id=tenant.id, key_id=key_id,
+                    limits=limits_for(tenant_id=tenant.id, key_id=key_id), prompt_tokens=len(chat_prompt_ids),
+                    max_tokens=8, implicit_max_tokens=False)  # fmt: skip
+    in_flight = f"{tenant_scope(tenant.id)}:conc"
+    assert redis_client.zcard(in_flight) == 2
+
+    relay.run(requests[0]).result(timeout=120)
+    redis_client.script_flush()  # as after a Redis restart: the worker's next settle finds no script
+    relay.run(requests[1]).result(timeout=120)
+
+    for request in requests:  # settled by the worker, with no gateway involved
+        assert not redis_client.exists(f"resv:{request.request_id}")
+    assert redis_client.zcard(in_flight) == 0
+    budget_used = [int(value) for value in redis_client.mget(redis_client.keys(f"{tenant_scope(tenant.id)}:bud:*"))]
+    assert budget_used == [2 * (len(chat_prompt_ids) + 8)]  # the reservations replaced by the usage
