@@ -20,7 +20,7 @@ import time
 
 from django.dispatch import receiver
 
-from config.redis_client import get_redis
+from config.redis_client import get_redis, scripts_in_one_round_trip
 from ledger.models import UsageRecord
 from ledger.services import ledger_flush, ledger_pending_put, pending_flushing
 from ledger.writer import ledger_write_soon
@@ -34,10 +34,7 @@ def usages_settle(usages: list[Usage]) -> None:
     if not usages:
         return
     script = quota_script("settle")
-    pipe = get_redis().pipeline(transaction=False)
-    for usage in usages:
-        script(keys=_settle_keys(usage), args=_settle_args(usage), client=pipe)
-    pipe.execute()
+    scripts_in_one_round_trip([(script, _settle_keys(usage), _settle_args(usage)) for usage in usages])
 
 
 def usage_record_now(request_id: str) -> None:
