@@ -7,8 +7,11 @@ token grew with the number of streams. Here one reader task per event loop (one 
 blocks on the streams of every request it relays at once, wakes once per flush, and hands each
 subscription its new entries; a stream holds no connection of its own.
 
-A subscription added while the reader is blocked must not wait for that read to end: the reader
-also watches a wake stream of its own, which a new subscription writes to (at most once per read).
+A subscription added while the reader is blocked must not wait long for that read to end: the
+reader also watches a wake stream of its own, which is written to (at most once per read) when the
+read in flight has not ended by itself within WAKE_DELAY_SECONDS of a new subscription. Under load a
+read ends every few milliseconds (each worker flush), so most new streams cost no wake and no extra
+read; and a new request's first event cannot come sooner than a worker has claimed and started it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ RELAY_OUTAGE_SECONDS = 30.0
 # Entries read per stream and per read (the rest come with the next read).
 READ_COUNT = 256
 WAKE_KEY_SECONDS = 300
+WAKE_DELAY_SECONDS = 0.005
 
 Entry = tuple[str, dict]
 
@@ -63,7 +67,9 @@ class StreamReader:
         self._wake_id = "0-0"
         self._reading = False  # a blocking read is in flight
         self._woken = False  # ... and a wake was already written for it
+        self._wake_timer: asyncio.TimerHandle | None = None  # ... or is due (a new stream waits)
         self._task: asyncio.Task | None = None
+        self._late_wakes: set[asyncio.Task] = set()
 
     async def batches(self, key: str) -> AsyncIterator[list[Entry] | None]:
         """The stream's new entries: [] after a quiet keep-alive interval, None every
@@ -75,7 +81,7 @@ class StreamReader:
             raise RuntimeError(f"{key} is already being read")
         subscription = self._subscriptions[key] = _Subscription(key)
         try:
-            await self._start_or_wake()
+            self._start_or_wake_soon()
             outage_since = None
             while True:
                 try:
@@ -100,11 +106,18 @@ class StreamReader:
             if not self._subscriptions:
                 await self._wake()  # the read in flight is for nobody: let the reader stop
 
-    async def _start_or_wake(self) -> None:
+    def _start_or_wake_soon(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
-        else:
-            await self._wake()  # the read in flight does not include the new stream: end it now
+        elif self._reading and not self._woken and self._wake_timer is None:
+            # The read in flight does not include the new stream: end it unless it ends by itself.
+            self._wake_timer = asyncio.get_running_loop().call_later(WAKE_DELAY_SECONDS, self._wake_late)
+
+    def _wake_late(self) -> None:
+        self._wake_timer = None
+        task = asyncio.ensure_future(self._wake())
+        self._late_wakes.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._late_wakes.discard)
 
     async def _wake(self) -> None:
         """End the blocking read in flight, if any (one wake per read)."""
@@ -140,6 +153,9 @@ class StreamReader:
                 continue
             finally:
                 self._reading = False
+                if self._wake_timer is not None:  # the next read includes the new streams
+                    self._wake_timer.cancel()
+                    self._wake_timer = None
             for key, entries in reply or ():
                 if key == self._wake_key:
                     self._wake_id = entries[-1][0]

@@ -84,6 +84,24 @@ async def test_a_stream_opened_during_a_blocked_read_gets_its_entries_without_wa
             assert (await pending_first)[0][1]["t"] == "done"
 
 
+async def test_a_stream_opened_during_a_read_that_ends_by_itself_costs_no_wake(reader, redis_client, monkeypatch):
+    """Under load reads end every few milliseconds: a new stream joins the next one, unwoken."""
+    monkeypatch.setattr(streams, "WAKE_DELAY_SECONDS", KEEPALIVE_SECONDS)  # only the read's own end can serve it
+    async with aclosing(reader.batches("req:busy:ev")) as busy:
+        pending_busy = asyncio.ensure_future(anext(busy))
+        await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the busy stream")
+
+        async with aclosing(reader.batches("req:new:ev")) as new:
+            pending_new = asyncio.ensure_future(anext(new))
+            redis_client.xadd("req:new:ev", {"t": "start", "w": "worker-1"})
+            redis_client.xadd("req:busy:ev", {"t": "delta", "x": "a", "n": "1"})  # ends the read in flight
+            async with asyncio.timeout(60):
+                batch = await pending_new
+            assert batch[0][1] == {"t": "start", "w": "worker-1"}
+            assert (await pending_busy)[0][1]["x"] == "a"
+            assert not redis_client.exists(reader._wake_key)
+
+
 async def test_a_stream_reads_what_was_written_before_it_opened_and_nothing_twice(reader, redis_client):
     redis_client.xadd("req:early:ev", {"t": "start", "w": "w"})
     async with aclosing(reader.batches("req:early:ev")) as batches:
