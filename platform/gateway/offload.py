@@ -45,9 +45,9 @@ async def run_blocking(func: Callable[P, R], /, *args: P.args, **kwargs: P.kwarg
 
     The thread's database connection is given back when `func` ends. A plain executor call, not
     asgiref's `sync_to_async`: what that adds (thread-sensitive routing, its own context and
-    deadlock bookkeeping) serves none of these calls and cost the event loop and the thread about a
-    tenth of a web process's CPU per request (docs/benchmarks.md). Django's database connections are
-    per thread either way.
+    deadlock bookkeeping) serves none of these calls, and was 5% of a web process's py-spy samples
+    for 1-token requests (docs/benchmarks.md). Django's database connections are per thread either
+    way.
     """
     call = functools.partial(_releasing_connection(func), *args, **kwargs)
     return await asyncio.get_running_loop().run_in_executor(_executor(), contextvars.copy_context().run, call)

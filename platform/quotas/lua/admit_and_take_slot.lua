@@ -1,6 +1,6 @@
 -- Admission and the pool's fair share in one atomic step and one round trip: `admit`, then, if the
 -- request is admitted, the first try for its pool slot (`fair_acquire`, quotas/fairshare.py).
--- Both are defined above this text as local functions of (KEYS, ARGV) (quotas/admission.py).
+-- Both are defined above this text as local functions of (KEYS, ARGV) (quotas/scripts.py).
 -- KEYS: admit's, then fq:<pool>.
 -- ARGV[1] how many of KEYS are admit's, ARGV[2] how many arguments are admit's; then admit's
 --       arguments, then fair_acquire's.
