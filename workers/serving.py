@@ -66,13 +66,15 @@ def _flush_events_per_second() -> float:
 
 
 def engine_stream_interval() -> int:
-    """WORKER_ENGINE_STREAM_INTERVAL (default 8, 1 = every token): vLLM's ``stream_interval``, the
-    tokens a request gathers in the engine's output handling before it hands them on (its first
-    token and its end are handed on at once). The relay writes a request's text at most once per
-    flush interval (20-250 ms, several tokens), so an output object per token per request is work
-    for the worker's engine loop that no client sees: on 2 cores it was a fifth of the worker's
-    CPU (docs/benchmarks.md). An ENGINE_ARGS_JSON ``stream_interval`` wins."""
-    return env_int("WORKER_ENGINE_STREAM_INTERVAL", 8, minimum=1)
+    """WORKER_ENGINE_STREAM_INTERVAL (default 1, every token): vLLM's ``stream_interval``, the
+    tokens a request gathers in the engine's output handling before it hands them on. Above 1 it
+    saves the worker's engine loop an output object per token (the relay writes a request's text
+    at most once per flush interval anyway; 8 saved 16-22% of the worker's CPU per token,
+    docs/benchmarks.md), but vLLM hands on only the first token at once: a request whose first
+    token has no visible text (a special or partial token) shows its first text only with the next
+    output, that many tokens later (+20-25 ms to the first token at one stream on 2 cores with 8).
+    An ENGINE_ARGS_JSON ``stream_interval`` wins."""
+    return env_int("WORKER_ENGINE_STREAM_INTERVAL", 1, minimum=1)
 
 
 def _worker_redis() -> redis.Redis:

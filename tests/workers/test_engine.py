@@ -89,7 +89,7 @@ def test_chunks_add_up_to_the_completion(engine_host, chat_prompt_ids):
 
 def test_the_engine_hands_on_the_first_token_at_once_then_a_stream_interval_at_a_time(engine_host, chat_prompt_ids):
     interval = engine_host.engine_args["stream_interval"]
-    assert interval == 8  # the worker's default (WORKER_ENGINE_STREAM_INTERVAL)
+    assert interval == 8  # the tests' engine (tests/workers/conftest.py)
     outputs = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 40}, flush_interval=0)
     # The engine's outputs end after the first token (time to first token), then every 8 tokens, then
     # at the end: 1, 9, 17, 25, 33, 40. A reader that lags may take two outputs as one chunk, so a
