@@ -2,7 +2,7 @@
 suite's real Redis, and through an outage played by a fake."""
 
 import asyncio
-from contextlib import aclosing
+from contextlib import aclosing, asynccontextmanager
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -63,22 +63,31 @@ async def test_many_open_streams_are_read_by_one_blocked_connection(reader, redi
     assert reader._subscriptions == {}
 
 
+@asynccontextmanager
+async def _a_stream_opened_during_a_blocked_read(reader, redis_client, blocked: str, opened: str):
+    """The reader blocked on stream `blocked` alone, then stream `opened` subscribed, its start entry
+    written: the pending first batches of both."""
+    async with aclosing(reader.batches(blocked)) as first:
+        pending_blocked = asyncio.ensure_future(anext(first))
+        await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the first stream")
+        async with aclosing(reader.batches(opened)) as second:
+            pending_opened = asyncio.ensure_future(anext(second))
+            redis_client.xadd(opened, {"t": "start", "w": "worker-1"})
+            yield pending_blocked, pending_opened
+
+
 async def test_a_stream_opened_during_a_blocked_read_gets_its_entries_without_waiting_for_the_read(
     reader, redis_client
 ):
-    async with aclosing(reader.batches("req:first:ev")) as first:
-        pending_first = asyncio.ensure_future(anext(first))
-        await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the first stream")
-
-        async with aclosing(reader.batches("req:second:ev")) as second:
-            pending_second = asyncio.ensure_future(anext(second))
-            redis_client.xadd("req:second:ev", {"t": "start", "w": "worker-1"})
-            # Without a wake, the read in flight (first stream only) would hold it for the keep-alive.
-            async with asyncio.timeout(KEEPALIVE_SECONDS / 4):
-                batch = await pending_second
-            assert batch[0][1] == {"t": "start", "w": "worker-1"}
-            assert not pending_first.done()
-
+    async with _a_stream_opened_during_a_blocked_read(reader, redis_client, "req:first:ev", "req:second:ev") as (
+        pending_first,
+        pending_second,
+    ):
+        # Without a wake, the read in flight (first stream only) would hold it for the keep-alive.
+        async with asyncio.timeout(KEEPALIVE_SECONDS / 4):
+            batch = await pending_second
+        assert batch[0][1] == {"t": "start", "w": "worker-1"}
+        assert not pending_first.done()
         redis_client.xadd("req:first:ev", {"t": "done", "u": "{}"})
         async with asyncio.timeout(60):
             assert (await pending_first)[0][1]["t"] == "done"
@@ -87,19 +96,16 @@ async def test_a_stream_opened_during_a_blocked_read_gets_its_entries_without_wa
 async def test_a_stream_opened_during_a_read_that_ends_by_itself_costs_no_wake(reader, redis_client, monkeypatch):
     """Under load reads end every few milliseconds: a new stream joins the next one, unwoken."""
     monkeypatch.setattr(streams, "WAKE_DELAY_SECONDS", KEEPALIVE_SECONDS)  # only the read's own end can serve it
-    async with aclosing(reader.batches("req:busy:ev")) as busy:
-        pending_busy = asyncio.ensure_future(anext(busy))
-        await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the busy stream")
-
-        async with aclosing(reader.batches("req:new:ev")) as new:
-            pending_new = asyncio.ensure_future(anext(new))
-            redis_client.xadd("req:new:ev", {"t": "start", "w": "worker-1"})
-            redis_client.xadd("req:busy:ev", {"t": "delta", "x": "a", "n": "1"})  # ends the read in flight
-            async with asyncio.timeout(60):
-                batch = await pending_new
-            assert batch[0][1] == {"t": "start", "w": "worker-1"}
-            assert (await pending_busy)[0][1]["x"] == "a"
-            assert not redis_client.exists(reader._wake_key)
+    async with _a_stream_opened_during_a_blocked_read(reader, redis_client, "req:busy:ev", "req:new:ev") as (
+        pending_busy,
+        pending_new,
+    ):
+        redis_client.xadd("req:busy:ev", {"t": "delta", "x": "a", "n": "1"})  # ends the read in flight
+        async with asyncio.timeout(60):
+            batch = await pending_new
+        assert batch[0][1] == {"t": "start", "w": "worker-1"}
+        assert (await pending_busy)[0][1]["x"] == "a"
+        assert not redis_client.exists(reader._wake_key)
 
 
 async def test_a_stream_reads_what_was_written_before_it_opened_and_nothing_twice(reader, redis_client):
