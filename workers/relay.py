@@ -381,9 +381,15 @@ class EventRelay:
         return True
 
     async def _settle(self, jobs: list[RelayedRequest]) -> None:
-        for job in jobs:
-            script, keys, args = settle_pending_call(job.rid)
-            await self.client.eval(script.script, len(keys), *keys, *args)
+        """Settle again with the script's text (which loads it). Their ends and usage entries are
+        written: a Redis that fails now leaves the settle to the ledger's next flush of them, and
+        must not fail the requests."""
+        try:
+            for job in jobs:
+                script, keys, args = settle_pending_call(job.rid)
+                await self.client.eval(script.script, len(keys), *keys, *args)
+        except REDIS_UNAVAILABLE:
+            log.warning("relay: %d request(s) left to the ledger's flush to settle (Redis unavailable)", len(jobs))
 
     def _release(self, jobs: list[RelayedRequest], error: BaseException | None = None) -> None:
         for job in jobs:

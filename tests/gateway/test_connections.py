@@ -12,7 +12,6 @@ from django.test import Client
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from config.redis_client import get_async_redis
 from ledger.models import UsageRecord
 from tests.gateway import relaying
 from tests.quotas.helpers import worker_reports
@@ -61,12 +60,7 @@ def _record_on_a_gateway_thread(request_id: str):
 def _record_as_the_views_do(request_id: str) -> None:
     from gateway import dispatch
 
-    async def record():
-        await dispatch.record(request_id)
-        # Closed by the test's loop: the loop's Redis client is left for the garbage collector otherwise.
-        await get_async_redis().aclose()
-
-    asyncio.run(record())
+    asyncio.run(dispatch.record(request_id))
 
 
 @pytest.mark.django_db(transaction=True)

@@ -275,3 +275,21 @@ def test_a_requests_end_settles_its_quota_in_the_same_write_also_after_redis_los
     assert redis_client.zcard(in_flight) == 0
     budget_used = [int(value) for value in redis_client.mget(redis_client.keys(f"{tenant_scope(tenant.id)}:bud:*"))]
     assert budget_used == [2 * (len(chat_prompt_ids) + 8)]  # the reservations replaced by the usage
+
+
+def test_a_settle_that_finds_redis_gone_after_the_end_was_written_leaves_it_to_the_ledger(
+    relay, chat_prompt_ids, redis_client, monkeypatch
+):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async def redis_gone(*args, **kwargs):
+        raise RedisConnectionError("Connection refused")
+
+    monkeypatch.setattr(relay.client, "eval", redis_gone, raising=False)  # the settle's reload
+    redis_client.script_flush()  # the flush's settle answers NOSCRIPT
+    request = _request(chat_prompt_ids, 4)
+
+    relay.run(request).result(timeout=120)  # the request still ends well
+
+    usage = _check_stream(_events(redis_client, request.request_id))
+    assert Usage.loads(redis_client.hget(protocol.LEDGER_PENDING, request.request_id)) == usage  # for the ledger
