@@ -56,8 +56,13 @@ def usage_record_from(usage: Usage) -> UsageRecord:
 
 
 def ledger_write(usages: list[Usage]) -> None:
-    """Insert rows; a request id already in the ledger is skipped, never counted twice."""
-    UsageRecord.objects.bulk_create([usage_record_from(u) for u in usages], ignore_conflicts=True)
+    """Insert rows; a request id already in the ledger is skipped, never counted twice.
+
+    In request id order: two writers of the same pending entries at once (a web process's ledger
+    writer and the periodic flush) each lock a row's unique key as they insert it, so in their own
+    orders each could hold a key the other waits for: a deadlock that fails one flush."""
+    rows = [usage_record_from(u) for u in sorted(usages, key=lambda usage: usage.request_id)]
+    UsageRecord.objects.bulk_create(rows, ignore_conflicts=True)
 
 
 def ledger_flush(*, request_ids: list[str] | None = None, batch_size: int = 500) -> int:

@@ -117,3 +117,59 @@ def test_an_entry_the_ledger_refuses_does_not_hold_back_the_others(make_tenant, 
     assert set(UsageRecord.objects.filter(tenant=tenant).values_list("request_id", flat=True)) == set(good)
     assert redis_client.hlen(LEDGER_PENDING) == 0  # nothing stays behind to block the next flushes
     assert redis_client.hget(LEDGER_REJECTED, "cmpl-orphan") == orphan.dumps()  # kept for an operator
+
+
+def _blocked_on_a_lock(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def test_two_writers_of_the_same_entries_never_deadlock(make_tenant):
+    """The gateway's ledger writer and the periodic flush can write the same pending entries at once,
+    each in its own order (a batch's, HSCAN's). Writer A holds its first row's insert open; writer B,
+    given the two rows in the other order, must wait for A on that row rather than take the other one
+    first (which A needs next: a deadlock, and a flush that fails)."""
+    from django.db import transaction
+
+    from ledger.services import ledger_write
+    from workers.protocol import Usage
+
+    tenant, _ = make_tenant("dave")
+    key_id = tenant.api_keys.get().id
+    first, second = (
+        Usage(request_id=f"cmpl-{n}-{uuid.uuid4().hex}", tenant_id=tenant.id, key_id=key_id, model="m",
+              finished_at=time.time())
+        for n in (1, 2)
+    )  # fmt: skip
+    outcome: dict[str, object] = {}
+    b_pid: list[int] = []
+
+    def writer_b():
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                b_pid.append(cursor.fetchone()[0])
+            ledger_write([second, first])
+            outcome["b"] = "written"
+        except Exception as exc:  # recorded for the assertion below
+            outcome["b"] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        ledger_write([first])  # writer A: its first row, not committed yet
+        thread = threading.Thread(target=writer_b)
+        thread.start()
+        while not (b_pid and _blocked_on_a_lock(b_pid[0])):
+            assert thread.is_alive(), outcome
+            time.sleep(0.01)  # waits on B's state in PostgreSQL, not on a clock
+        ledger_write([second])  # writer A's second row
+    thread.join()
+
+    assert outcome["b"] == "written"
+    assert set(UsageRecord.objects.filter(tenant=tenant).values_list("request_id", flat=True)) == {
+        first.request_id,
+        second.request_id,
+    }
