@@ -66,15 +66,13 @@ def _flush_events_per_second() -> float:
 
 
 def engine_stream_interval() -> int:
-    """WORKER_ENGINE_STREAM_INTERVAL (default 1, every token): vLLM's ``stream_interval``, the
-    tokens a request gathers in the engine's output handling before it hands them on. Above 1 it
-    saves the worker's engine loop an output object per token (the relay writes a request's text
-    at most once per flush interval anyway; 8 saved 16-22% of the worker's CPU per token,
-    docs/benchmarks.md), but vLLM hands on only the first token at once: a request whose first
-    token has no visible text (a special or partial token) shows its first text only with the next
-    output, that many tokens later (+20-25 ms to the first token at one stream on 2 cores with 8).
-    An ENGINE_ARGS_JSON ``stream_interval`` wins."""
-    return env_int("WORKER_ENGINE_STREAM_INTERVAL", 1, minimum=1)
+    """WORKER_ENGINE_STREAM_INTERVAL (default 8): the tokens a request gathers in the engine's
+    output handling before the worker takes them, once the request has shown text; until then
+    every token comes at once, so the first text is never held back (``EngineHost``'s
+    ``_widen_stream_interval``). 8 saves the worker 16-22% of its CPU per token against 1 (the
+    relay writes a request's text at most once per flush interval anyway; docs/benchmarks.md).
+    An ENGINE_ARGS_JSON ``stream_interval`` (vLLM's own, from a request's first token on) wins."""
+    return env_int("WORKER_ENGINE_STREAM_INTERVAL", 8, minimum=1)
 
 
 def _worker_redis() -> redis.Redis:
@@ -114,7 +112,7 @@ class WorkerRuntime:
         self.pod = os.environ.get("POD_NAME") or socket.gethostname()
         self.redis = _worker_redis()
         self.engine = engine or EngineHost(
-            model_path, profile=profile, served_model_name=model, stream_interval=engine_stream_interval()
+            model_path, profile=profile, served_model_name=model, text_stream_interval=engine_stream_interval()
         )
         self.relay = EventRelay(
             self.engine,

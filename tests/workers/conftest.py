@@ -19,13 +19,13 @@ def engine_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine_host(engine_model_dir):
-    """A started ``EngineHost`` on the tiny model, with a stream interval of 8 (a worker's
-    WORKER_ENGINE_STREAM_INTERVAL=8), so that the tests exercise outputs of several tokens; shut
-    down (and checked) at the end of the session."""
+    """A started ``EngineHost`` on the tiny model, with the worker's default of 8 tokens an output
+    once a request shows text (WORKER_ENGINE_STREAM_INTERVAL); shut down (and checked) at the end of
+    the session."""
     from workers.engine import EngineHost, EngineNotReady
 
     host = EngineHost(str(engine_model_dir), profile="cpu", served_model_name="tiny-gemma4", enforce_eager=True,
-                      stream_interval=8)  # fmt: skip
+                      text_stream_interval=8)  # fmt: skip
     host.start(timeout=300)
     yield host
     host.shutdown()

@@ -5,7 +5,6 @@ deterministic, so outputs can be compared exactly.
 """
 
 import asyncio
-import itertools
 import json
 import threading
 import time
@@ -87,17 +86,47 @@ def test_chunks_add_up_to_the_completion(engine_host, chat_prompt_ids):
     assert final.decode_time is not None and final.decode_time > 0
 
 
-def test_the_engine_hands_on_the_first_token_at_once_then_a_stream_interval_at_a_time(engine_host, chat_prompt_ids):
-    interval = engine_host.engine_args["stream_interval"]
+class _RecordingSink:
+    """An ``OutputSink`` that records each engine output as it comes: (tokens, text)."""
+
+    def __init__(self) -> None:
+        self.abandoned = False
+        self.outputs: list[tuple[int, str]] = []
+        self.token_ids: list[int] = []
+        self.ended = threading.Event()
+
+    def prefilled(self, prompt_tokens: int) -> None:
+        pass
+
+    def push(self, text, token_ids, finished, finish_reason, index=0, logprobs=None) -> None:
+        self.outputs.append((len(token_ids), text))
+        self.token_ids += token_ids
+        if finished:
+            self.ended.set()
+
+    def end(self, finish_reason, error=None) -> None:
+        self.ended.set()
+
+
+# A prompt whose greedy answer from the tiny model starts with a token that shows no text.
+PROMPT_OF_A_SILENT_FIRST_TOKEN = [2, 105, 5, 106, 107]
+
+
+def test_the_engine_hands_on_every_token_until_the_first_text_then_a_stream_interval_at_a_time(engine_host):
+    interval = engine_host.text_stream_interval
     assert interval == 8  # the tests' engine (tests/workers/conftest.py)
-    outputs = _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 40}, flush_interval=0)
-    # The engine's outputs end after the first token (time to first token), then every 8 tokens, then
-    # at the end: 1, 9, 17, 25, 33, 40. A reader that lags may take two outputs as one chunk, so a
-    # chunk ends on one of those, never between them.
-    boundaries = {1, *range(1 + interval, 40, interval), 40}
-    ends = set(itertools.accumulate(chunk.token_count for chunk in outputs))
-    assert 40 in ends and ends <= boundaries, sorted(ends)
-    assert _ids(outputs) == list(_vllm_direct(engine_host, chat_prompt_ids, 40).token_ids)
+    sink = _RecordingSink()
+    engine_host.submit(_rid(), PROMPT_OF_A_SILENT_FIRST_TOKEN, {**GREEDY, "max_tokens": 40}, sink)
+    assert sink.ended.wait(60)
+    first_text = next(position for position, (_, text) in enumerate(sink.outputs) if text)
+    assert first_text >= 1, sink.outputs  # the case at stake
+    # One output per token until the first text (vLLM's stream_interval would gather 8 after the
+    # first token, and hold that text back), then 8 tokens an output, the rest with the end.
+    counts = [tokens for tokens, _ in sink.outputs]
+    assert counts[: first_text + 1] == [1] * (first_text + 1), counts
+    later = counts[first_text + 1 :]
+    assert later[:-1] == [interval] * (len(later) - 1) and 1 <= later[-1] <= interval, counts
+    assert sink.token_ids == list(_vllm_direct(engine_host, PROMPT_OF_A_SILENT_FIRST_TOKEN, 40).token_ids)
 
 
 def test_deltas_are_coalesced_per_flush_interval(engine_host, chat_prompt_ids):
