@@ -216,7 +216,7 @@ def ttft_breakdown(records: list[RequestRecord], worker_times: dict[str, tuple[i
         times = worker_times.get(record.request_id or "")
         if record.first_token is None or times is None or times[1] is None:
             continue
-        queue_ms, ttft_ms = times
+        queue_ms, ttft_ms = times[:2]
         queue.append(queue_ms)
         engine.append(ttft_ms)
         rest.append((record.first_token - record.submitted) * 1000 - queue_ms - ttft_ms)
@@ -233,8 +233,30 @@ def ttft_breakdown(records: list[RequestRecord], worker_times: dict[str, tuple[i
     }
 
 
+def slowest_request(records: list[RequestRecord], worker_times: dict[str, tuple]) -> dict | None:
+    """The level's longest request, timed by the client and by its ledger row (``worker_times``:
+    request id -> (queue_ms, ttft_ms, total_ms)): where an outlier's time went. ``worker_total_ms``
+    runs from admission to the worker's end; the client's ``duration_ms`` minus it is the way in
+    before admission and the end's way back."""
+    done = [record for record in records if record.first_token is not None]
+    if not done:
+        return None
+    record = max(done, key=lambda r: r.finished - r.submitted)
+    slowest = {
+        "request_id": record.request_id,
+        "duration_ms": _round((record.finished - record.submitted) * 1000),
+        "ttft_ms": _round((record.first_token - record.submitted) * 1000),
+        "headers_ms": _round((record.headers - record.submitted) * 1000) if record.headers is not None else None,
+    }
+    times = worker_times.get(record.request_id or "")
+    if times is not None:
+        slowest.update(zip(("queue_ms", "engine_ttft_ms", "worker_total_ms"), times, strict=False))
+    return slowest
+
+
 def ledger_worker_times(database_url: str, request_ids: list[str], timeout_s: float = 30.0) -> dict:
-    """The worker's times of each request in the platform's ledger: request id -> (queue_ms, ttft_ms).
+    """The worker's times of each request in the platform's ledger: request id -> (queue_ms, ttft_ms,
+    total_ms).
 
     The gateway writes a request's row in its next batch after the stream ends (the periodic flush
     catches any it missed), so this waits up to ``timeout_s`` for every row; rows still missing then
@@ -245,13 +267,13 @@ def ledger_worker_times(database_url: str, request_ids: list[str], timeout_s: fl
     with psycopg.connect(database_url) as conn:
         while True:
             rows = conn.execute(
-                "SELECT request_id, queue_ms, ttft_ms FROM ledger_usagerecord WHERE request_id = ANY(%s)",
+                "SELECT request_id, queue_ms, ttft_ms, total_ms FROM ledger_usagerecord WHERE request_id = ANY(%s)",
                 (request_ids,),
             ).fetchall()
             if len(rows) >= len(request_ids) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-    return {request_id: (queue_ms, ttft_ms) for request_id, queue_ms, ttft_ms in rows}
+    return {request_id: (queue_ms, ttft_ms, total_ms) for request_id, queue_ms, ttft_ms, total_ms in rows}
 
 
 def _round(value: float | None, digits: int = 1) -> float | None:

@@ -310,9 +310,11 @@ def _add_ttft_breakdown(levels: list[dict], level_records: list[list[measure.Req
     worker_times = measure.ledger_worker_times(database_url, ids)
     for level, records in zip(levels, level_records, strict=True):
         level["ttft_breakdown"] = breakdown = measure.ttft_breakdown(records, worker_times)
+        level["slowest_request"] = slowest = measure.slowest_request(records, worker_times)
         print(f"[platform] {level['streams']:>4} streams: ttft p50 {level['ttft_ms_p50']} ms = queue "
               f"{breakdown['queue_ms_p50']} + engine {breakdown['engine_ttft_ms_p50']} + gateway "
-              f"{breakdown['gateway_ms_p50']} + relay {breakdown['relay_ms_p50']} (p50 each)", flush=True)  # fmt: skip
+              f"{breakdown['gateway_ms_p50']} + relay {breakdown['relay_ms_p50']} (p50 each); slowest request "
+              f"{slowest}", flush=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -184,6 +184,20 @@ def test_the_ttft_breakdown_splits_the_rest_at_the_response_headers():
     assert round(breakdown["relay_ms_p50"], 6) == 40.0  # 250 - 40 - 150 - 20
 
 
+def test_the_slowest_request_is_timed_by_the_client_and_by_its_ledger_row():
+    records = [
+        measure.RequestRecord(10.0, 10.080, 12.7, 4, "a", headers=10.010),
+        measure.RequestRecord(10.0, 10.090, 15.0, 4, "b", headers=10.020),  # 5.0 s: the outlier
+        measure.RequestRecord(10.0, None, 20.0, 0, "c"),  # failed before a first token: left out
+    ]
+    slowest = measure.slowest_request(records, {"a": (10, 60, 2600), "b": (12, 70, 2700)})
+    assert slowest["request_id"] == "b"
+    assert [round(slowest[key]) for key in ("duration_ms", "ttft_ms", "headers_ms")] == [5000, 90, 20]
+    # Its worker ended 2.7 s after admission: 2.3 s went after the worker's end (or before admission).
+    assert (slowest["queue_ms"], slowest["engine_ttft_ms"], slowest["worker_total_ms"]) == (12, 70, 2700)
+    assert measure.slowest_request(records[2:], {}) is None
+
+
 def test_full_concurrency_counts_the_tokens_until_the_first_client_stops():
     record = measure.RequestRecord
     # Client 0: two requests of 11 tokens over [0, 4] and [4, 8]. Client 1: one over [0, 10], so
@@ -402,4 +416,4 @@ def test_the_ledger_gives_each_requests_worker_times_and_leaves_out_rows_still_m
 
     times = measure.ledger_worker_times(url, ["cmpl-a", "cmpl-b", "cmpl-never-written"], timeout_s=0.3)
 
-    assert times == {"cmpl-a": (12, 80), "cmpl-b": (30, None)}
+    assert times == {"cmpl-a": (12, 80, 90), "cmpl-b": (30, None, 90)}
