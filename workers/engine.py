@@ -665,14 +665,14 @@ class EngineHost:
         every token; call on the engine's loop once the request has shown text.
 
         Every output costs this process an output object, a sink call and its share of the relay's
-        flushes, per request and token: 8 tokens an output save the worker 16-22% of its CPU per
-        token (docs/benchmarks.md). vLLM's own ``stream_interval`` hands on only a request's first
-        token at once, then every N: a first token without visible text (a special or partial
-        token) would hold the first text back N tokens. So the engine runs with vLLM's default of
-        one output per token, and each request's state in vLLM's output processor is widened here,
-        after its first text. Every token it processed so far was handed on (one output each), so
-        its sent offset is all of them. A vLLM whose output processor differs leaves the request at
-        one output per token."""
+        flushes, per request and token: 8 tokens an output from the first text on save the worker
+        7-15% of its CPU per 64-token request (docs/benchmarks.md). vLLM's own ``stream_interval``
+        hands on only a request's first token at once, then every N: a first token without visible
+        text (a special or partial token) would hold the first text back N tokens. So the engine
+        runs with vLLM's default of one output per token, and each request's state in vLLM's output
+        processor is widened here, after its first text. Every token it processed so far was handed
+        on (one output each), so its sent offset is all of them. A vLLM whose output processor
+        differs leaves the request at one output per token."""
         try:
             processor = self._engine.output_processor
             internal_ids = processor.external_req_ids.get(request_id) or ()
