@@ -3,7 +3,7 @@ stops the request once the dead process's lease on it lapses (no one reads it an
 reaches the ledger exactly once as generated, its quota reservation is released, and the web tier
 serves the next request from a new process."""
 
-import json
+import functools
 import signal
 
 import httpx
@@ -11,7 +11,8 @@ import psutil
 import pytest
 import redis
 
-from tests.e2e.stack import engine_paused, wait_until, wait_usage_row
+from quotas.admission import resv_key
+from tests.e2e.stack import engine_paused, run_to_first_tokens, wait_until, wait_usage_row
 from workers import protocol
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -33,6 +34,48 @@ def _ended(client, request_id: str) -> bool:
     return any(fields["t"] == "done" for _, fields in client.xrange(protocol.events_key(request_id)))
 
 
+def _lease_lapsed(client, request_id: str) -> bool:
+    return not client.exists(protocol.reader_key(request_id))
+
+
+def _settled(client, request_id: str) -> bool:
+    return not client.exists(resv_key(request_id))
+
+
+def _kill_the_web_process_mid_stream(stack, client, key: str, body: dict, attempts: int = 5):
+    """Stream a completion and SIGKILL the web process serving it while the request generates;
+    return the request id and the transport error the client saw (None: the stream went on).
+
+    The engine runs only until the request's first tokens are relayed, then stays paused until the
+    worker has noticed the lapsed lease and stopped the request: left running, the engine can
+    generate the whole answer while this process gets no CPU on a busy machine (CI, 2026-12-06:
+    the stream had ended before the kill). An attempt whose request ended all the same is seen by
+    its done entry and repeated with a new request, once the finished one is settled (the tenant
+    may run one request at a time)."""
+    for _ in range(attempts):
+        cut = None
+        with engine_paused(stack) as engine:
+            with httpx.stream("POST", f"{stack.base_url}/v1/completions", json=body, timeout=120,
+                              headers={"Authorization": f"Bearer {key}"}) as response:  # fmt: skip
+                assert response.status_code == 200, response.read()
+                request_id = response.headers["x-request-id"]
+                client_port = response.extensions["network_stream"].get_extra_info("socket").getsockname()[1]
+                lines = response.iter_lines()  # held: a dropped line iterator closes the connection
+                if not run_to_first_tokens(engine, client, request_id):
+                    _web_process_serving(stack, client_port).send_signal(signal.SIGKILL)
+                    try:
+                        for _ in lines:  # the rest of the stream: cut short
+                            pass
+                    except httpx.TransportError as exc:
+                        cut = exc
+                    wait_until(functools.partial(_lease_lapsed, client, request_id), "the lease never lapsed", 60)
+                    wait_until(functools.partial(_ended, client, request_id), "the worker did not stop the request", 30)
+                    return request_id, cut
+        wait_usage_row(request_id)
+        wait_until(functools.partial(_settled, client, request_id), "the finished request was never settled")
+    raise AssertionError(f"the engine finished the request before its web process was killed, {attempts} times")
+
+
 def test_a_web_process_killed_mid_stream_stops_its_request_and_bills_what_was_generated(tiny_stack, make_tenant):
     from ledger.models import UsageRecord
 
@@ -41,25 +84,7 @@ def test_a_web_process_killed_mid_stream_stops_its_request_and_bills_what_was_ge
     _, key = make_tenant("wendy")
     stack.manage("setquota", "wendy", "--concurrency", "1")  # a leaked reservation refuses the next request
     body = {"model": MODEL, "prompt": "Go", "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
-    cut = None
-    with httpx.stream("POST", f"{stack.base_url}/v1/completions", json=body, timeout=120,
-                      headers={"Authorization": f"Bearer {key}"}) as response:  # fmt: skip
-        assert response.status_code == 200, response.read()
-        request_id = response.headers["x-request-id"]
-        client_port = response.extensions["network_stream"].get_extra_info("socket").getsockname()[1]
-        lines = response.iter_lines()
-        for line in lines:
-            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
-                break
-        with engine_paused(stack):  # generation holds still while the worker notices
-            _web_process_serving(stack, client_port).send_signal(signal.SIGKILL)
-            try:
-                for _ in lines:  # the rest of the stream: cut short
-                    pass
-            except httpx.TransportError as exc:
-                cut = exc
-            wait_until(lambda: not client.exists(protocol.reader_key(request_id)), "the lease never lapsed", 60)
-            wait_until(lambda: _ended(client, request_id), "the worker did not stop the request", 30)
+    request_id, cut = _kill_the_web_process_mid_stream(stack, client, key, body)
     assert cut is not None, "the stream went on after its web process was killed"
 
     # The worker stopped it when the lease lapsed: billed for what it generated, once.
