@@ -196,16 +196,12 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict, attempts: int = 5)
     """
     import redis
 
-    from quotas.admission import resv_key
     from workers import protocol
 
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
 
     def cancelled(request_id: str):
         return lambda: client.exists(protocol.cancel_key(request_id))
-
-    def settled(request_id: str):
-        return lambda: not client.exists(resv_key(request_id))
 
     for _ in range(attempts):
         with engine_paused(stack) as engine:
@@ -225,8 +221,16 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict, attempts: int = 5)
                 return headers
         # Its usage settled (and its concurrency slot given back) before the next attempt is admitted.
         wait_usage_row(request_id)
-        wait_until(settled(request_id), "the finished request was never settled")
+        wait_until(settled(client, request_id), "the finished request was never settled")
     raise AssertionError(f"the engine finished the request before the client left, {attempts} times")
+
+
+def settled(client, request_id: str):
+    """A condition for `wait_until`: the request's quota reservation is settled (its concurrency
+    slot given back)."""
+    from quotas.admission import resv_key
+
+    return lambda: not client.exists(resv_key(request_id))
 
 
 def relayed(client, kind: str, request_id: str):

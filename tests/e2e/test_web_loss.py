@@ -11,8 +11,7 @@ import psutil
 import pytest
 import redis
 
-from quotas.admission import resv_key
-from tests.e2e.stack import engine_paused, run_to_first_tokens, wait_until, wait_usage_row
+from tests.e2e.stack import engine_paused, relayed, run_to_first_tokens, settled, wait_until, wait_usage_row
 from workers import protocol
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -30,16 +29,8 @@ def _web_process_serving(stack, client_port: int) -> psutil.Process:
     raise AssertionError(f"no web process holds the connection from port {client_port}")
 
 
-def _ended(client, request_id: str) -> bool:
-    return any(fields["t"] == "done" for _, fields in client.xrange(protocol.events_key(request_id)))
-
-
 def _lease_lapsed(client, request_id: str) -> bool:
     return not client.exists(protocol.reader_key(request_id))
-
-
-def _settled(client, request_id: str) -> bool:
-    return not client.exists(resv_key(request_id))
 
 
 def _kill_the_web_process_mid_stream(stack, client, key: str, body: dict, attempts: int = 5):
@@ -69,10 +60,10 @@ def _kill_the_web_process_mid_stream(stack, client, key: str, body: dict, attemp
                     except httpx.TransportError as exc:
                         cut = exc
                     wait_until(functools.partial(_lease_lapsed, client, request_id), "the lease never lapsed", 60)
-                    wait_until(functools.partial(_ended, client, request_id), "the worker did not stop the request", 30)
+                    wait_until(relayed(client, "done", request_id), "the worker did not stop the request", 30)
                     return request_id, cut
         wait_usage_row(request_id)
-        wait_until(functools.partial(_settled, client, request_id), "the finished request was never settled")
+        wait_until(settled(client, request_id), "the finished request was never settled")
     raise AssertionError(f"the engine finished the request before its web process was killed, {attempts} times")
 
 
