@@ -8,10 +8,12 @@ blocks on the streams of every request it relays at once, wakes once per flush, 
 subscription its new entries; a stream holds no connection of its own.
 
 A subscription added while the reader is blocked must not wait long for that read to end: the
-reader also watches a wake stream of its own, which is written to (at most once per read) when the
-read in flight has not ended by itself within WAKE_DELAY_SECONDS of a new subscription. Under load a
-read ends every few milliseconds (each worker flush), so most new streams cost no wake and no extra
-read; and a new request's first event cannot come sooner than a worker has claimed and started it.
+reader also watches a wake stream of its own, which is written to when the read in flight has not
+ended by itself within WAKE_DELAY_SECONDS of a new subscription and still leaves one out. Under load
+a read ends every few milliseconds (each worker flush), so most new streams cost no wake and no
+extra read; and a new request's first event cannot come sooner than a worker has claimed and
+started it. Should a wake ever miss all the same, no read blocks longer than READ_BLOCK_SECONDS:
+the next one includes every stream, and the miss is logged.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ RELAY_OUTAGE_SECONDS = 30.0
 READ_COUNT = 256
 WAKE_KEY_SECONDS = 300
 WAKE_DELAY_SECONDS = 0.005
+# The longest a stream left out of the read in flight can wait for the next one (an idle web
+# process reads once per this interval).
+READ_BLOCK_SECONDS = 1.0
 
 Entry = tuple[str, dict]
 
@@ -66,6 +71,7 @@ class StreamReader:
         self._wake_key = f"gw:wake:{uuid.uuid4().hex}"
         self._wake_id = "0-0"
         self._reading = False  # a blocking read is in flight
+        self._read_keys: frozenset[str] = frozenset()  # ... the streams it reads
         self._woken = False  # ... and a wake was already written for it
         self._wake_timer: asyncio.TimerHandle | None = None  # ... or is due (a new stream waits)
         self._task: asyncio.Task | None = None
@@ -109,19 +115,27 @@ class StreamReader:
     def _start_or_wake_soon(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
-        elif self._reading and not self._woken and self._wake_timer is None:
+        elif self._reading and self._wake_timer is None:
             # The read in flight does not include the new stream: end it unless it ends by itself.
             self._wake_timer = asyncio.get_running_loop().call_later(WAKE_DELAY_SECONDS, self._wake_late)
 
     def _wake_late(self) -> None:
         self._wake_timer = None
-        task = asyncio.ensure_future(self._wake())
+        if not self._left_out():
+            return  # a read that includes every stream began meanwhile
+        # Whether or not a wake was written for this read already: the new stream must not depend
+        # on one written for another reason.
+        task = asyncio.ensure_future(self._wake(always=True))
         self._late_wakes.add(task)  # the loop keeps only a weak reference
         task.add_done_callback(self._late_wakes.discard)
 
-    async def _wake(self) -> None:
-        """End the blocking read in flight, if any (one wake per read)."""
-        if self._reading and not self._woken:
+    def _left_out(self) -> list[str]:
+        """The streams subscribed to that the read in flight does not include."""
+        return [key for key in self._subscriptions if key not in self._read_keys] if self._reading else []
+
+    async def _wake(self, *, always: bool = False) -> None:
+        """End the blocking read in flight, if any (one wake per read unless `always`)."""
+        if self._reading and (always or not self._woken):
             self._woken = True
             pipe = get_async_redis().pipeline(transaction=False)
             pipe.xadd(self._wake_key, {"w": 1}, maxlen=1, approximate=False)
@@ -133,9 +147,10 @@ class StreamReader:
 
     async def _run(self) -> None:
         redis = get_async_redis()
-        block_ms = int(settings.SSE_KEEPALIVE_SECONDS * 1000)
+        block_ms = int(READ_BLOCK_SECONDS * 1000)
         while self._subscriptions:
             streams = {sub.key: sub.last_id for sub in self._subscriptions.values()}
+            self._read_keys = frozenset(streams)
             streams[self._wake_key] = self._wake_id
             self._reading, self._woken = True, False
             try:
@@ -152,10 +167,13 @@ class StreamReader:
                 self._subscriptions.clear()
                 continue
             finally:
+                left_out = self._left_out()
                 self._reading = False
                 if self._wake_timer is not None:  # the next read includes the new streams
                     self._wake_timer.cancel()
                     self._wake_timer = None
+            if not reply and left_out:
+                _log_missed_wake(left_out)
             for key, entries in reply or ():
                 if key == self._wake_key:
                     self._wake_id = entries[-1][0]
@@ -168,6 +186,14 @@ class StreamReader:
     def _tell_all(self, item: _Outage) -> None:
         for sub in self._subscriptions.values():
             sub.queue.put_nowait(item)
+
+
+def _log_missed_wake(left_out: list[str]) -> None:
+    """A read ended by its own timeout while it left streams out: no wake came for them."""
+    log.warning(
+        "%d new stream(s) waited up to %.1f s for a read: no wake ended the read in flight that left them out (%s)",
+        len(left_out), READ_BLOCK_SECONDS, ", ".join(left_out[:4]),
+    )  # fmt: skip
 
 
 # Readers belong to the event loop that runs them (the ASGI server has one per process; tests may

@@ -16,8 +16,10 @@ KEEPALIVE_SECONDS = 120
 
 
 @pytest.fixture
-def reader(settings, redis_client):
+def reader(settings, redis_client, monkeypatch):
     settings.SSE_KEEPALIVE_SECONDS = KEEPALIVE_SECONDS
+    # A read ends by itself only after the test: what serves a stream is a wake or a worker's entry.
+    monkeypatch.setattr(streams, "READ_BLOCK_SECONDS", KEEPALIVE_SECONDS)
     return streams.StreamReader()
 
 
@@ -108,6 +110,58 @@ async def test_a_stream_opened_during_a_read_that_ends_by_itself_costs_no_wake(r
         assert not redis_client.exists(reader._wake_key)
 
 
+async def test_a_stream_opened_while_a_wake_was_already_written_for_the_read_in_flight_gets_one_of_its_own(
+    reader, redis_client, monkeypatch
+):
+    """A stream must not depend on a wake written for another reason (here one that never arrives:
+    its write is lost), which the read in flight was once counted as having had."""
+    lost_wakes = []
+
+    async def lost_wake(*, always=False):
+        lost_wakes.append(always)
+        reader._woken = True  # recorded as written, never sent
+
+    async with aclosing(reader.batches("req:first:ev")) as first:
+        pending_first = asyncio.ensure_future(anext(first))
+        await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the first stream")
+        with monkeypatch.context() as patched:
+            patched.setattr(reader, "_wake", lost_wake)
+            await reader._wake()
+        assert lost_wakes == [False] and reader._woken
+        async with aclosing(reader.batches("req:second:ev")) as second:
+            pending_second = asyncio.ensure_future(anext(second))
+            redis_client.xadd("req:second:ev", {"t": "start", "w": "worker-1"})
+            async with asyncio.timeout(KEEPALIVE_SECONDS / 4):
+                batch = await pending_second
+            assert batch[0][1] == {"t": "start", "w": "worker-1"}
+        assert not pending_first.done()
+        redis_client.xadd("req:first:ev", {"t": "done", "u": "{}"})
+        async with asyncio.timeout(60):
+            assert (await pending_first)[0][1]["t"] == "done"
+
+
+async def test_a_stream_a_wake_missed_waits_no_longer_than_one_read_block(reader, redis_client, monkeypatch, caplog):
+    """Should a wake miss whatever the cause (here: none is ever written), the next read includes
+    the stream once the read in flight ends by its own timeout, and the miss is logged."""
+    monkeypatch.setattr(streams, "WAKE_DELAY_SECONDS", KEEPALIVE_SECONDS)
+    monkeypatch.setattr(streams, "READ_BLOCK_SECONDS", 0.2)
+    async with aclosing(reader.batches("req:quiet:ev")) as quiet:
+        pending_quiet = asyncio.ensure_future(anext(quiet))
+        await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the quiet stream")
+        async with aclosing(reader.batches("req:late:ev")) as late:
+            pending_late = asyncio.ensure_future(anext(late))
+            redis_client.xadd("req:late:ev", {"t": "start", "w": "worker-1"})
+            async with asyncio.timeout(60):
+                batch = await pending_late
+            assert batch[0][1] == {"t": "start", "w": "worker-1"}
+            assert not redis_client.exists(reader._wake_key)  # served by the next read, not a wake
+        redis_client.xadd("req:quiet:ev", {"t": "done", "u": "{}"})
+        async with asyncio.timeout(60):
+            assert (await pending_quiet)[0][1]["t"] == "done"
+    missed = [record.getMessage() for record in caplog.records if "no wake ended the read" in record.getMessage()]
+    assert missed and "req:late:ev" in missed[0]
+
+
 async def test_a_stream_reads_what_was_written_before_it_opened_and_nothing_twice(reader, redis_client):
     redis_client.xadd("req:early:ev", {"t": "start", "w": "w"})
     async with aclosing(reader.batches("req:early:ev")) as batches:
@@ -156,8 +210,11 @@ class _RestartingRedis:
                 wake_key = next(key for key in streams_ if key != "req:x:ev")
                 return [(wake_key, [("1-0", {"w": "1"})])]
             self.changed.clear()
-            async with asyncio.timeout(block / 1000):
-                await self.changed.wait()
+            try:
+                async with asyncio.timeout(block / 1000):
+                    await self.changed.wait()
+            except TimeoutError:
+                return None  # as Redis answers a read that blocked for its whole time
 
 
 class _WakePipeline:
