@@ -75,7 +75,7 @@ class StreamReader:
         self._woken = False  # ... and a wake was already written for it
         self._wake_timer: asyncio.TimerHandle | None = None  # ... or is due (a new stream waits)
         self._task: asyncio.Task | None = None
-        self._late_wakes: set[asyncio.Task] = set()
+        self._wakes: set[asyncio.Task] = set()
 
     async def batches(self, key: str) -> AsyncIterator[list[Entry] | None]:
         """The stream's new entries: [] after a quiet keep-alive interval, None every
@@ -110,7 +110,11 @@ class StreamReader:
         finally:
             self._subscriptions.pop(key, None)
             if not self._subscriptions:
-                await self._wake()  # the read in flight is for nobody: let the reader stop
+                # The read in flight is for nobody: let the reader stop. Shielded: once a response's
+                # body is sent, uvicorn reports the client gone and the ASGI handler cancels the
+                # response's task (config/asgi.py), possibly while this closes; an unsent wake
+                # left the read blocked on finished streams, and a stream opened meanwhile waiting.
+                await asyncio.shield(self._wake_in_background())
 
     def _start_or_wake_soon(self) -> None:
         if self._task is None or self._task.done():
@@ -125,9 +129,13 @@ class StreamReader:
             return  # a read that includes every stream began meanwhile
         # Whether or not a wake was written for this read already: the new stream must not depend
         # on one written for another reason.
-        task = asyncio.ensure_future(self._wake(always=True))
-        self._late_wakes.add(task)  # the loop keeps only a weak reference
-        task.add_done_callback(self._late_wakes.discard)
+        self._wake_in_background(always=True)
+
+    def _wake_in_background(self, *, always: bool = False) -> asyncio.Task:
+        task = asyncio.ensure_future(self._wake(always=always))
+        self._wakes.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._wakes.discard)
+        return task
 
     def _left_out(self) -> list[str]:
         """The streams subscribed to that the read in flight does not include."""

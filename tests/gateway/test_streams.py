@@ -162,6 +162,51 @@ async def test_a_stream_a_wake_missed_waits_no_longer_than_one_read_block(reader
     assert missed and "req:late:ev" in missed[0]
 
 
+class _SlowPipelines:
+    """The suite's Redis client, whose pipelines take a moment before they send (a connection being
+    checked out and tested, say); `sending` is set once one has begun."""
+
+    def __init__(self, client) -> None:
+        self.client, self.sending = client, asyncio.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def pipeline(self, **kwargs):
+        pipe = self.client.pipeline(**kwargs)
+        execute = pipe.execute
+
+        async def slow_execute(*args, **kw):
+            self.sending.set()
+            await asyncio.sleep(0.05)
+            return await execute(*args, **kw)
+
+        pipe.execute = slow_execute
+        return pipe
+
+
+async def test_the_last_stream_closed_by_a_task_cancelled_meanwhile_still_wakes_the_reader(
+    reader, redis_client, monkeypatch
+):
+    """The server cancels a response's task once its body is sent (config/asgi.py), possibly while
+    the stream's generator closes: the wake that lets the reader stop must go out all the same. Left
+    unsent, the read blocked on a finished stream, and a stream opened meanwhile in that process
+    waited for it (a 5.0 s request on an H100, docs/gpu.md)."""
+    slow = _SlowPipelines(streams.get_async_redis())
+    monkeypatch.setattr(streams, "get_async_redis", lambda: slow)
+    batches = reader.batches("req:only:ev")
+    pending = asyncio.ensure_future(anext(batches))
+    await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the stream")
+    redis_client.xadd("req:only:ev", {"t": "done", "u": "{}"})
+    async with asyncio.timeout(60):
+        assert (await pending)[0][1]["t"] == "done"
+    closing = asyncio.ensure_future(batches.aclose())
+    async with asyncio.timeout(60):
+        await slow.sending.wait()  # the wake is on its way
+    closing.cancel()
+    await _until(lambda: reader._task.done(), "the reader stops: its read was woken")
+
+
 async def test_a_stream_reads_what_was_written_before_it_opened_and_nothing_twice(reader, redis_client):
     redis_client.xadd("req:early:ev", {"t": "start", "w": "w"})
     async with aclosing(reader.batches("req:early:ev")) as batches:
