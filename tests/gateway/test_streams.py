@@ -66,25 +66,30 @@ async def test_many_open_streams_are_read_by_one_blocked_connection(reader, redi
 
 
 @asynccontextmanager
-async def _a_stream_opened_during_a_blocked_read(reader, redis_client, blocked: str, opened: str):
+async def _a_stream_opened_during_a_blocked_read(
+    reader, redis_client, blocked: str, opened: str, *, wake_counted_already: bool = False
+):
     """The reader blocked on stream `blocked` alone, then stream `opened` subscribed, its start entry
-    written: the pending first batches of both."""
+    written: the pending first batches of both. `wake_counted_already`: the read in flight counts
+    a wake as written that never went out (one cancelled on its way, say)."""
     async with aclosing(reader.batches(blocked)) as first:
         pending_blocked = asyncio.ensure_future(anext(first))
         await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the first stream")
+        reader._woken = wake_counted_already
         async with aclosing(reader.batches(opened)) as second:
             pending_opened = asyncio.ensure_future(anext(second))
             redis_client.xadd(opened, {"t": "start", "w": "worker-1"})
             yield pending_blocked, pending_opened
 
 
+@pytest.mark.parametrize("wake_counted_already", [False, True])
 async def test_a_stream_opened_during_a_blocked_read_gets_its_entries_without_waiting_for_the_read(
-    reader, redis_client
+    reader, redis_client, wake_counted_already
 ):
-    async with _a_stream_opened_during_a_blocked_read(reader, redis_client, "req:first:ev", "req:second:ev") as (
-        pending_first,
-        pending_second,
-    ):
+    """Also when the read in flight counts a wake that never came: the new stream gets its own."""
+    async with _a_stream_opened_during_a_blocked_read(
+        reader, redis_client, "req:first:ev", "req:second:ev", wake_counted_already=wake_counted_already
+    ) as (pending_first, pending_second):
         # Without a wake, the read in flight (first stream only) would hold it for the keep-alive.
         async with asyncio.timeout(KEEPALIVE_SECONDS / 4):
             batch = await pending_second
@@ -108,36 +113,6 @@ async def test_a_stream_opened_during_a_read_that_ends_by_itself_costs_no_wake(r
         assert batch[0][1] == {"t": "start", "w": "worker-1"}
         assert (await pending_busy)[0][1]["x"] == "a"
         assert not redis_client.exists(reader._wake_key)
-
-
-async def test_a_stream_opened_while_a_wake_was_already_written_for_the_read_in_flight_gets_one_of_its_own(
-    reader, redis_client, monkeypatch
-):
-    """A stream must not depend on a wake written for another reason (here one that never arrives:
-    its write is lost), which the read in flight was once counted as having had."""
-    lost_wakes = []
-
-    async def lost_wake(*, always=False):
-        lost_wakes.append(always)
-        reader._woken = True  # recorded as written, never sent
-
-    async with aclosing(reader.batches("req:first:ev")) as first:
-        pending_first = asyncio.ensure_future(anext(first))
-        await _until(lambda: _blocked_stream_reads(redis_client) == 1, "the reader blocks on the first stream")
-        with monkeypatch.context() as patched:
-            patched.setattr(reader, "_wake", lost_wake)
-            await reader._wake()
-        assert lost_wakes == [False] and reader._woken
-        async with aclosing(reader.batches("req:second:ev")) as second:
-            pending_second = asyncio.ensure_future(anext(second))
-            redis_client.xadd("req:second:ev", {"t": "start", "w": "worker-1"})
-            async with asyncio.timeout(KEEPALIVE_SECONDS / 4):
-                batch = await pending_second
-            assert batch[0][1] == {"t": "start", "w": "worker-1"}
-        assert not pending_first.done()
-        redis_client.xadd("req:first:ev", {"t": "done", "u": "{}"})
-        async with asyncio.timeout(60):
-            assert (await pending_first)[0][1]["t"] == "done"
 
 
 async def test_a_stream_a_wake_missed_waits_no_longer_than_one_read_block(reader, redis_client, monkeypatch, caplog):
