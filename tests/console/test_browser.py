@@ -198,6 +198,8 @@ def test_a_tenant_admin_sees_only_their_tenant(stack, browser, shots):
     tenant_quota_set(tenant=bob, rpm=1)
     assert chat(stack, bob_plaintext, "one").status_code == 200
     refused = chat(stack, bob_plaintext, "two")
+    if refused.status_code == 200:  # "one" fell in the minute before: "two" began a new window
+        refused = chat(stack, bob_plaintext, "three")
     assert refused.status_code == 429 and refused.headers["x-ratelimit-exceeded"] == "requests"
 
     sign_in(page, "bob-admin", TENANT_ADMIN_PASSWORD)
