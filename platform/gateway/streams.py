@@ -161,6 +161,7 @@ class StreamReader:
             self._read_keys = frozenset(streams)
             streams[self._wake_key] = self._wake_id
             self._reading, self._woken = True, False
+            reply = None
             try:
                 reply = await redis.xread(streams, block=block_ms, count=READ_COUNT)
             except REDIS_UNAVAILABLE as exc:
@@ -175,7 +176,7 @@ class StreamReader:
                 self._subscriptions.clear()
                 continue
             finally:
-                left_out = self._left_out()
+                left_out = [] if reply else self._left_out()  # only a read that timed out is checked
                 self._reading = False
                 if self._wake_timer is not None:  # the next read includes the new streams
                     self._wake_timer.cancel()
