@@ -110,16 +110,31 @@ class InferenceASGIHandler(ASGIHandler):
 
     async def _respond_unless_disconnected(self, request, receive, send):
         """Get and send the response while listening for the client's disconnect, which cancels the
-        view (as Django does); the response, or None if it was cancelled."""
+        view (as Django does); the response, or None if it was cancelled.
+
+        Unlike Django's, a response whose body is sent is let finish: uvicorn answers the listener
+        with `http.disconnect` as soon as the body's last message is out (and starts the
+        connection's next request), while the response's task may still be closing its stream
+        (gateway/streams.py: the reader's wake). That is not a client leaving."""
+        body_sent = False
+
+        async def send_noting_the_end(message):
+            nonlocal body_sent
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                body_sent = True
 
         async def process_request():
             response = await self.run_get_response(request)
             with contextlib.suppress(asyncio.CancelledError):  # the client left during the send
-                await self.send_response(response, send)
+                await self.send_response(response, send_noting_the_end)
             return response
 
-        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)), asyncio.create_task(process_request())]
+        responder = asyncio.create_task(process_request())
+        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)), responder]
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        if body_sent and not responder.done():
+            await asyncio.wait([responder])
         for task in tasks:
             if not task.done():
                 task.cancel()

@@ -110,10 +110,10 @@ class StreamReader:
         finally:
             self._subscriptions.pop(key, None)
             if not self._subscriptions:
-                # The read in flight is for nobody: let the reader stop. Shielded: once a response's
-                # body is sent, uvicorn reports the client gone and the ASGI handler cancels the
-                # response's task (config/asgi.py), possibly while this closes; an unsent wake
-                # left the read blocked on finished streams, and a stream opened meanwhile waiting.
+                # The read in flight is for nobody: let the reader stop. Shielded: a response task
+                # cancelled while this closes (a client that left) must not leave the wake unsent,
+                # the read blocked on finished streams, and a stream opened meanwhile waiting.
+                # (A response whose body is sent is let finish: config/asgi.py.)
                 await asyncio.shield(self._wake_in_background())
 
     def _start_or_wake_soon(self) -> None:

@@ -136,3 +136,66 @@ def test_a_streamed_body_without_a_final_part_ends_with_an_empty_message():
     assert [(m.get("body", b""), m.get("more_body", False)) for m in messages[1:]] == [
         (b"a", True), (b"b", True), (b"", False)
     ]  # fmt: skip
+
+
+async def _respond(frames, disconnect_after: str):
+    """The inference handler's response to a request whose view returns an SSE reply of `frames`,
+    behind a server that reports the client gone once it has sent the message `disconnect_after`
+    ("first part" or, as uvicorn does for every response, "end of body"); the response, which the
+    handler then closes."""
+    from config.asgi import InferenceASGIHandler
+    from gateway.views import _EventStreamResponse
+
+    handler = InferenceASGIHandler()
+    gone = asyncio.Event()
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            if disconnect_after == "first part" or not message.get("more_body", False):
+                gone.set()
+
+    async def receive():
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def get_response(request):
+        return _EventStreamResponse(frames())
+
+    handler.run_get_response = get_response
+    return await handler._respond_unless_disconnected(None, receive, send)
+
+
+def test_a_response_whose_body_is_sent_finishes_closing_though_the_server_reports_the_client_gone():
+    """Once a response's body is out, uvicorn answers the disconnect listener with `http.disconnect`
+    while the response may still be closing its stream (the stream reader's wake): not a client
+    leaving, so not cancelled."""
+    closed = []
+
+    async def frames():
+        try:
+            yield b"data: 1\n\n"
+            yield FinalPart(b"data: [DONE]\n\n")
+        finally:
+            await asyncio.sleep(0.05)  # a cleanup that waits, as a stream's close may on Redis
+            closed.append(True)
+
+    asyncio.run(_respond(frames, disconnect_after="end of body"))
+
+    assert closed == [True]
+
+
+def test_a_client_that_leaves_mid_body_cancels_the_response():
+    cancelled = []
+
+    async def frames():
+        yield b"data: 1\n\n"
+        try:
+            await asyncio.Event().wait()  # the next tokens, which never come
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+        yield FinalPart(b"data: [DONE]\n\n")
+
+    asyncio.run(_respond(frames, disconnect_after="first part"))
+
+    assert cancelled == [True]
