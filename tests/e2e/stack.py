@@ -159,6 +159,17 @@ class PausedEngine:
         for process in self.processes:
             process.resume()
 
+    def describe(self) -> str:
+        """Each process's state and CPU seconds so far: for a failure message."""
+        parts = []
+        for process in self.processes:
+            try:
+                cpu = process.cpu_times()
+                parts.append(f"{process.pid} {process.status()} user {cpu.user:.1f} s system {cpu.system:.1f} s")
+            except Exception as exc:  # noqa: BLE001 - a gone process is part of the description
+                parts.append(f"{process.pid} {exc!r}")
+        return "; ".join(parts)
+
     @contextlib.contextmanager
     def resumed(self):
         self.resume()
@@ -236,9 +247,7 @@ def settled(client, request_id: str):
 def relayed(client, kind: str, request_id: str):
     """A condition for `wait_until`: the request's event stream in Redis holds an entry of `kind`
     (start, delta, done, error)."""
-    from workers import protocol
-
-    return lambda: any(fields["t"] == kind for _, fields in client.xrange(protocol.events_key(request_id)))
+    return lambda: kind in entry_kinds(client, request_id)
 
 
 def run_to_first_tokens(engine: PausedEngine, client, request_id: str) -> bool:
@@ -247,15 +256,25 @@ def run_to_first_tokens(engine: PausedEngine, client, request_id: str) -> bool:
     test process starved for seconds lets the engine finish a long request meanwhile)."""
     wait_until(relayed(client, "start", request_id), "the worker never took the request")
     with engine.resumed():
-        wait_until(relayed(client, "delta", request_id), "the engine generated nothing")
+        wait_until(relayed(client, "delta", request_id), lambda: (
+            f"the engine generated nothing in 60 s: the request's entries {entry_kinds(client, request_id)}, "
+            f"its engine processes {engine.describe()}"), timeout=60)  # fmt: skip
     return relayed(client, "done", request_id)()
 
 
-def wait_until(condition, what: str, timeout: float = 30) -> None:
-    """Poll `condition` until true; fail with `what` after `timeout` seconds."""
+def entry_kinds(client, request_id: str) -> list[str]:
+    """The kinds of the entries in the request's event stream, in order."""
+    from workers import protocol
+
+    return [fields["t"] for _, fields in client.xrange(protocol.events_key(request_id))]
+
+
+def wait_until(condition, what, timeout: float = 30) -> None:
+    """Poll `condition` until true; fail with `what` (a message, or a function that makes one)
+    after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(0.1)
 
 
