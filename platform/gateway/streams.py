@@ -161,7 +161,6 @@ class StreamReader:
             self._read_keys = frozenset(streams)
             streams[self._wake_key] = self._wake_id
             self._reading, self._woken = True, False
-            reply = None
             try:
                 reply = await redis.xread(streams, block=block_ms, count=READ_COUNT)
             except REDIS_UNAVAILABLE as exc:
@@ -175,14 +174,14 @@ class StreamReader:
                 self._tell_all(_Broken(exc))
                 self._subscriptions.clear()
                 continue
+            else:
+                if not reply:  # the read timed out: a stream it left out waited for a wake that never came
+                    _log_missed_wake(self._left_out())
             finally:
-                left_out = [] if reply else self._left_out()  # only a read that timed out is checked
                 self._reading = False
                 if self._wake_timer is not None:  # the next read includes the new streams
                     self._wake_timer.cancel()
                     self._wake_timer = None
-            if not reply and left_out:
-                _log_missed_wake(left_out)
             for key, entries in reply or ():
                 if key == self._wake_key:
                     self._wake_id = entries[-1][0]
@@ -199,6 +198,8 @@ class StreamReader:
 
 def _log_missed_wake(left_out: list[str]) -> None:
     """A read ended by its own timeout while it left streams out: no wake came for them."""
+    if not left_out:
+        return
     log.warning(
         "%d new stream(s) waited up to %.1f s for a read: no wake ended the read in flight that left them out (%s)",
         len(left_out), READ_BLOCK_SECONDS, ", ".join(left_out[:4]),

@@ -161,12 +161,14 @@ class PausedEngine:
 
     def describe(self) -> str:
         """Each process's state and CPU seconds so far: for a failure message."""
+        import psutil
+
         parts = []
         for process in self.processes:
             try:
                 cpu = process.cpu_times()
                 parts.append(f"{process.pid} {process.status()} user {cpu.user:.1f} s system {cpu.system:.1f} s")
-            except Exception as exc:  # noqa: BLE001 - a gone process is part of the description
+            except psutil.Error as exc:  # a process gone meanwhile is part of the description
                 parts.append(f"{process.pid} {exc!r}")
         return "; ".join(parts)
 
