@@ -27,6 +27,7 @@ from catalog.models import ServedModel
 from catalog.readiness import heartbeat_cutoff as _heartbeat_cutoff
 from catalog.readiness import ready_workers, ready_workers_async
 from config.redis_client import REDIS_UNAVAILABLE, get_async_redis, get_redis
+from gateway import routing
 from gateway.errors import ServiceUnavailable
 from gateway.offload import run_blocking
 from gateway.streams import stream_reader
@@ -120,7 +121,7 @@ INPUT_TTL_AFTER_QUEUE_DEADLINE_SECONDS = 60
 def enqueue(request: RequestInput, model: ServedModel) -> None:
     """Store the request's input and its reader lease and send its Celery task, in one MULTI/EXEC:
     a worker never sees a task without its input, and the hot path pays one round trip."""
-    request.routed_to = _adapter_holder(request, model.pool) or ""
+    request.routed_to = routing.choose_worker(request, model.pool)
     queue = protocol.worker_queue_name(request.routed_to) if request.routed_to else model.queue
     message = task_message(
         celery_app, "workers.generate", task_id=request.request_id, args=[request.request_id], queue=queue
@@ -131,43 +132,6 @@ def enqueue(request: RequestInput, model: ServedModel) -> None:
     pipe.set(protocol.reader_key(request.request_id), 1, ex=int(protocol.READER_LEASE_SECONDS))
     pipe.lpush(queue, message)
     pipe.execute()
-
-
-def _adapter_holder(request: RequestInput, pool: str) -> str | None:
-    """Where a request with an adapter goes: the own queue of a ready worker of the pool that holds
-    it and has a free slot (the fewest requests in flight first), so no other engine loads it again;
-    else the pool's queue when every live worker of the pool runs LoRA, or the own queue of the
-    least busy ready worker that does when some do not (the pool's queue could hand it to an engine
-    without LoRA, which refuses it). None: the pool's queue. From heartbeats, so up to a heartbeat
-    late. Raises ServiceUnavailable (503 `adapters_unavailable`) when no ready worker of the pool
-    runs LoRA: nothing is enqueued for an engine that would refuse it."""
-    if not request.adapter_id:
-        return None
-    fresh = protocol.fresh_workers(get_redis(), pool, since=_heartbeat_cutoff())
-    serving = {name: info for name, info in fresh.items() if protocol.runs_lora(info)}
-    ready = {name: info for name, info in serving.items() if info.get("state") == "ready"}
-    if not ready:
-        raise ServiceUnavailable(
-            f"No worker serving '{request.model.rpartition(':')[0]}' runs adapters right now; try again later.",
-            code="adapters_unavailable",
-            headers={"Retry-After": "5"},
-        )
-    adapter = str(request.adapter_id)
-    free = {name: info for name, info in ready.items() if _in_flight(info) < int(info.get("slots") or 0)}
-    holders = [(_in_flight(info), name) for name, info in free.items() if adapter in _held(info)]
-    if holders:
-        return min(holders)[1]
-    if len(serving) == len(fresh):
-        return None
-    return min((_in_flight(info) - int(info.get("slots") or 0), name) for name, info in ready.items())[1]
-
-
-def _in_flight(info: dict) -> int:
-    return int(info.get("in_flight") or 0)
-
-
-def _held(info: dict) -> list[str]:
-    return (info.get("adapters") or "").split(",")
 
 
 Event = Delta | Done | Failed | Idle

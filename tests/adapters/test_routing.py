@@ -7,7 +7,7 @@ import time
 import pytest
 
 from adapters.store import FilesystemStore, adapter_digest
-from gateway import dispatch
+from gateway import dispatch, routing
 from gateway.pools import pool_demand
 from workers import protocol
 from workers.adapters import AdapterResolver, AdapterUnavailable, held_field
@@ -35,15 +35,15 @@ def test_a_request_goes_to_the_least_busy_ready_worker_holding_its_adapter(redis
     _worker(redis_client, "w2#b", adapters={5}, in_flight=1)
     _worker(redis_client, "w3#c", adapters={9}, in_flight=0)
     _worker(redis_client, "w4#d", adapters={5}, in_flight=0, state="draining")
-    assert dispatch._adapter_holder(_request(5), POOL) == "w2#b"
-    assert dispatch._adapter_holder(_request(7), POOL) == "w1#a"
+    assert routing._adapter_holder(_request(5), POOL) == "w2#b"
+    assert routing._adapter_holder(_request(7), POOL) == "w1#a"
 
 
 def test_without_a_holder_with_a_free_slot_the_pools_queue_takes_it(redis_client):
     _worker(redis_client, "w1#a", adapters={5}, in_flight=4, slots=4)
-    assert dispatch._adapter_holder(_request(5), POOL) is None  # its only holder is full
-    assert dispatch._adapter_holder(_request(6), POOL) is None  # held by none
-    assert dispatch._adapter_holder(_request(0), POOL) is None  # the base model
+    assert routing._adapter_holder(_request(5), POOL) is None  # its only holder is full
+    assert routing._adapter_holder(_request(6), POOL) is None  # held by none
+    assert routing._adapter_holder(_request(0), POOL) is None  # the base model
 
 
 def test_in_a_pool_where_some_workers_run_no_lora_a_request_goes_to_one_that_does(redis_client):
@@ -52,9 +52,9 @@ def test_in_a_pool_where_some_workers_run_no_lora_a_request_goes_to_one_that_doe
     _worker(redis_client, "lora2#c", adapters=set(), in_flight=3, slots=4)
     _worker(redis_client, "lora3#d", adapters=set(), in_flight=1, slots=4)
     _worker(redis_client, "lora4#e", adapters=set(), in_flight=0, slots=4, state="draining")
-    assert dispatch._adapter_holder(_request(5), POOL) == "lora3#d"
-    assert dispatch._adapter_holder(_request(6), POOL) == "lora3#d"
-    assert dispatch._adapter_holder(_request(0), POOL) is None  # base requests: any worker
+    assert routing._adapter_holder(_request(5), POOL) == "lora3#d"
+    assert routing._adapter_holder(_request(6), POOL) == "lora3#d"
+    assert routing._adapter_holder(_request(0), POOL) is None  # base requests: any worker
 
 
 def test_when_no_ready_worker_runs_lora_an_adapter_request_is_a_503_and_nothing_is_enqueued(redis_client):
