@@ -60,8 +60,8 @@ wsgi_app = "config.asgi:application"
 worker_class = "uvicorn_worker.UvicornWorker"
 # One process per core it may use, by default: a process serves all its requests on one event loop,
 # so more processes than cores only take turns on them. On a 2-core host whose serving processes
-# were pinned to one core, one web process spent 11-22% less CPU per request than two (2026-12-05,
-# docs/benchmarks.md): two event loops, stream readers and ledger writers taking turns on one core.
+# were pinned to one core, one web process spent 11-22% less CPU per request than two
+# (docs/benchmarks.md): two event loops, stream readers and ledger writers taking turns on one core.
 workers = _int("WEB_CONCURRENCY", default_workers(usable_cores()))
 # The worker heartbeat runs on the event loop, so open streams do not delay it. 0 (off) by default:
 # a worker loads the served models' tokenizers before its loop starts, which can take longer than
@@ -84,7 +84,7 @@ reuse_port = _flag("GUNICORN_REUSE_PORT", True)
 # connections), so that the proxy, not this server, closes an idle connection: a server that closes
 # it races the next request the proxy or client sends on it, which then fails as a disconnected
 # connection before it reaches the gateway. With 5 s, a GPU bench turn at 512 streams lost 10 of 768
-# requests to "Server disconnected" (2026-12-04), most likely so: its clients reuse pooled
+# requests to "Server disconnected", most likely so: its clients reuse pooled
 # connections, some left idle for seconds while the engine was full.
 keepalive = _int("GUNICORN_KEEPALIVE", 75)
 backlog = _int("GUNICORN_BACKLOG", 2048)

@@ -2,7 +2,7 @@
 
 Before it serves, a web process has imported Django, transformers and its models' tokenizers, and a
 worker process vLLM, torch and its engine's client: hundreds of thousands of objects that live as
-long as the process (493k in a web process with the tiny test model's tokenizer, 2026-12-02). A full
+long as the process (493k in a web process with the tiny test model's tokenizer). A full
 (generation 2) collection walks every one of them with the interpreter stopped: 181 ms there, during
 which no stream is relayed and no engine output is read; under load, requests that live for seconds
 promote objects to the old generation steadily, so full passes keep coming. Frozen objects (moved to
