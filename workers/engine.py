@@ -322,8 +322,8 @@ def _engine_prompt(token_ids: list[int], cache_salt: Any, multi_modal_data: Mapp
     A text prompt goes in rendered (vLLM's ``TokensInput``: ``type`` "token"), which ``AsyncLLM``
     checks (length, vocabulary) and turns into its request on the event loop. Given the raw
     ``{"prompt_token_ids": ...}`` form, vLLM renders it first: 0.32 on its renderer's thread pool, a
-    thread hop per request and a fifth of a worker's CPU samples for 1-token requests (py-spy,
-    2026-12-04); 0.26 inline. Images still need that rendering (the processor expands their
+    thread hop per request and a fifth of a worker's CPU samples for 1-token requests (py-spy);
+    0.26 inline. Images still need that rendering (the processor expands their
     placeholder tokens), so they keep the raw form.
     """
     if multi_modal_data:

@@ -71,7 +71,7 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 "disable_log_stats": True,
             },
             # Off by default: on this CPU build a LoRA-enabled engine served base requests ~40% slower
-            # (docs/benchmarks.md, 2026-12-01); ENGINE_LORA=1 for a worker that serves adapters.
+            # (docs/benchmarks.md); ENGINE_LORA=1 for a worker that serves adapters.
             lora_args=LORA_ARGS,
             env={
                 # GiB of RAM for the KV cache; without it the CPU backend reserves most of RAM.
@@ -138,7 +138,7 @@ PROFILES: Mapping[str, EngineProfile] = MappingProxyType(
                 # 141 GB leaves ~110 GB of KV cache after the weights: 32k contexts for long
                 # documents and agents, still with room for 256 concurrent sequences.
                 "max_model_len": 32768,
-                # Measured on an H200 with a gemma-4-E4B-shaped model (docs/gpu.md, 2026-12-01):
+                # Measured on an H200 with a gemma-4-E4B-shaped model (docs/gpu.md):
                 # throughput grows with the batch up to ~256 (21.9k tok/s at 256 streams, 10.7 ms
                 # per token); 512 sequences gave the same tokens/s within the spread (21.5-23.1k vs
                 # 20.2-22.3k at 512 streams) at twice the time per token (19-22 ms). 256 keeps each

@@ -8,13 +8,13 @@ nothing but wait for the engine's loop to relay the request, and every request c
 between threads: the consumer waking a task thread, the loop waking it again at the end. Each of
 those is a wait for the interpreter lock beside the engine's output handling, on the path of every
 request (on 2 cores, `threading.Condition.notify` and `ThreadPoolExecutor.submit` were a third of
-the worker's samples for 1-token requests, 2026-12-03).
+the worker's samples for 1-token requests).
 
 `RequestPool` is the threads pool with one change: a task whose class sets `hands_off = True` runs
 on the consumer's thread, where its body gives its work to the engine's loop and returns at once
 (`hand_off`), and its slot is released (Celery's success callback) only when that work's future
 completes, on the loop. Every other task (the control queue's bookkeeping, which blocks on
-PostgreSQL) runs on the pool's threads as before; a handful serve them. A worker started with
+PostgreSQL) runs on the pool's threads as in the threads pool; a handful serve them. A worker started with
 `--pool threads` that serves a model gets this pool (workers/serving.py), so deployments keep their
 command line.
 """
