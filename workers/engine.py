@@ -197,7 +197,7 @@ class _RequestBuffer:
                 self.finished, self.finish_reason, self.finished_at = True, finish_reason, now
             # Wake the reader only when it waits for output, or for the end: while it sleeps until
             # its flush deadline it wakes by itself, and an early wake-up is a thread switch for
-            # nothing (it only goes back to sleep). Once per chunk before; none now.
+            # nothing (it only goes back to sleep).
             if finished or (self.reader_waiting and (text or token_ids)):
                 self.cond.notify()
 

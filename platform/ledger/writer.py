@@ -51,8 +51,8 @@ class _BatchWriter:
     @staticmethod
     def _write(batch: list[str]) -> None:
         try:
-            # Their workers settled them (a no-op here but for a worker of an older version, one
-            # pipelined call per batch); entries it cannot write stay pending for the periodic flush.
+            # Their workers settled them already: the settle this flush announces is a no-op for
+            # them (one pipelined call per batch); entries it cannot write stay pending for the periodic flush.
             ledger_flush(request_ids=batch)
         except Exception:
             log.exception("ledger batch of %d failed; the periodic flush will write it", len(batch))
