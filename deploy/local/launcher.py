@@ -8,6 +8,11 @@ engine core), killed with it; its output is appended to a log file.
 
 Every process of the stack is a ``sys.executable`` of the virtual environment, where ``make venv``
 puts the source roots (``platform/`` and the repository) on the path: no child needs PYTHONPATH.
+
+``Stack`` holds a running set of them and the steps around them: provisioning with the management
+commands, the web tier, any number of Celery workers per pool, beat, readiness waits, pause, resume
+and stop. ``make up`` (deploy/local/up.py), the benchmarks (benchmarks/platform_stack.py) and the
+end-to-end tests (tests/e2e/stack.py) each build one with their own environment and state folder.
 """
 
 from __future__ import annotations
@@ -32,11 +37,13 @@ __all__ = [
     "CELERY_APP",
     "REPO_ROOT",
     "Child",
+    "Stack",
     "beat_command",
     "free_port",
     "http_status",
     "manage",
     "port_open",
+    "stack_env",
     "stop_all",
     "wait_worker_ready",
     "web_command",
@@ -231,13 +238,19 @@ def stop_all(
 
 
 def wait_worker_ready(
-    redis_url: str, pool: str, *, timeout: float, since: float = 0.0, children: Iterable[Child] = ()
+    redis_url: str,
+    pool: str,
+    *,
+    timeout: float,
+    since: float = 0.0,
+    children: Iterable[Child] = (),
+    count: int = 1,
 ) -> None:
-    """Wait until a worker of ``pool`` heartbeats (after ``since``, unix seconds) with its engine ready;
-    fails at once if one of ``children`` exits."""
+    """Wait until ``count`` workers of ``pool`` heartbeat (after ``since``, unix seconds) with their
+    engine ready; fails at once if one of ``children`` exits."""
     import redis
 
-    from workers import protocol
+    from contract import protocol
 
     children = list(children)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -247,9 +260,166 @@ def wait_worker_ready(
             for child in children:
                 child.check_alive()
             fresh = protocol.fresh_workers(client, pool, since=max(since, time.time() - 10))
-            if any(record.get("state") == "ready" for record in fresh.values()):
+            if sum(record.get("state") == "ready" for record in fresh.values()) >= count:
                 return
             time.sleep(0.3)
     finally:
         client.close()
-    raise TimeoutError(f"no worker of pool {pool} became ready within {timeout:.0f} s")
+    raise TimeoutError(f"fewer than {count} workers of pool {pool} became ready within {timeout:.0f} s")
+
+
+@dataclass
+class Stack:
+    """The platform's processes on local ports: gunicorn on ``port``, Celery workers, beat.
+
+    ``env`` is every child's environment (DATABASE_URL, REDIS_URL, SECRET_KEY...; ``stack_env``
+    makes one); each process adds its own variables on top. Children are named: ``web``, ``beat``
+    and each worker's name, their output appended to ``log_dir/<name>.log``. ``cwd``: the checkout
+    whose code they run.
+
+    A stack with P workers of one pool and the web tier's own settings (a routing policy, say)::
+
+        stack = Stack(stack_env(database_url, redis_url), log_dir=Path(".run/fleet/logs"))
+        try:
+            stack.manage("migrate", "--noinput")
+            stack.register_model("tiny-gemma4", model_dir, pool="tiny")
+            stack.start_web(ROUTING_POLICY="prefix")
+            for index in range(P):
+                stack.start_worker(f"w{index}", "tiny", model="tiny-gemma4", model_path=model_dir)
+            stack.start_beat()
+            stack.wait_ready("tiny", count=P)
+            ...  # requests to stack.base_url + "/v1"
+        finally:
+            stack.stop_all()
+
+    Each ``start_worker`` is a process of its own with its own engine (the Celery node ``name@host``);
+    keyword arguments of ``start_web`` and ``start_worker`` are environment variables of that process.
+    """
+
+    env: dict[str, str]
+    log_dir: Path
+    port: int = field(default_factory=free_port)
+    cwd: Path = REPO_ROOT
+    children: dict[str, Child] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def redis_url(self) -> str:
+        return self.env["REDIS_URL"]
+
+    # -- provisioning ------------------------------------------------------------------------
+    def manage(self, *args: str, timeout: float = 300) -> str:
+        """``manage.py args`` against the stack's database and Redis; its standard output."""
+        return manage(self.env, *args, timeout=timeout)
+
+    def register_model(self, model: str, path: str | Path, pool: str, context_length: int = 2048) -> None:
+        """Register (or update) ``model``, its weights in ``path``, served by the workers of ``pool``."""
+        self.manage(
+            "registermodel", model, "--path", str(path), "--pool", pool, "--context-length", str(context_length)
+        )
+
+    # -- processes ---------------------------------------------------------------------------
+    def new_child(self, name: str, argv: list[str], env: dict[str, str], *, engine: bool = False) -> Child:
+        """The ``Child`` for a process (``engine``: it hosts a vLLM engine); a subclass may pin it."""
+        return Child(name, argv, self.log_dir / f"{name}.log", env=env, cwd=self.cwd)
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], *, engine: bool = False) -> Child:
+        """Start a process of the stack under ``name``, unique among the running ones."""
+        running = self.children.get(name)
+        if running is not None and running.poll() is None:
+            raise ValueError(f"a process named {name!r} is already running in this stack")
+        # Recorded before it starts, so that a stop interrupting the start still finds it.
+        child = self.children[name] = self.new_child(name, argv, env, engine=engine)
+        return child.start()
+
+    def start_web(self, *, wait: bool = True, timeout: float = 120, **env: str) -> Child:
+        """gunicorn on ``port``; ``env``: its own variables (WEB_CONCURRENCY, ROUTING_POLICY...).
+        With ``wait``, returns once ``/healthz`` answers."""
+        web = self.start("web", web_command(), {**self.env, "GUNICORN_BIND": f"127.0.0.1:{self.port}", **env})
+        if wait:
+            web.wait_http(f"{self.base_url}/healthz", timeout)
+        return web
+
+    def worker_env(self, pool: str, *, model: str, model_path: str | Path, pod: str | None = None,
+                   **env: str) -> dict[str, str]:  # fmt: skip
+        """A worker's environment: the stack's, its engine's model and pool, and ``pod`` (what a drain
+        names; by default the environment's POD_NAME, else the host's name)."""
+        own = {"SERVED_MODEL": model, "MODEL_PATH": str(model_path), "WORKER_POOL": pool}
+        if pod is not None:
+            own["POD_NAME"] = pod
+        return {**self.env, **own, **env}
+
+    def start_worker(
+        self,
+        name: str,
+        pool: str,
+        *,
+        model: str,
+        model_path: str | Path,
+        concurrency: int = 64,
+        queues: str = "",
+        app: str = CELERY_APP,
+        loglevel: str = "INFO",
+        pod: str | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+        **env: str,
+    ) -> Child:
+        """A Celery worker ``name`` of ``pool``, its own process and vLLM engine serving ``model``;
+        callable again for more workers of the same pool. ``queues``: what it consumes (default the
+        pool's queue and ``control``); ``app``: the module ``celery -A`` loads; ``wrap``: a function of
+        its command line (a benchmark's wrapper around Celery); ``env``: its own variables."""
+        argv = worker_command(name, queues or f"pool.{pool},control", concurrency, loglevel=loglevel, app=app)
+        worker_env = self.worker_env(pool, model=model, model_path=model_path, pod=pod, **env)
+        return self.start(name, wrap(argv) if wrap else argv, worker_env, engine=True)
+
+    def start_beat(self, schedule: Path | None = None, loglevel: str = "INFO") -> Child:
+        """Celery beat, its schedule state in ``schedule`` (default beside the logs)."""
+        schedule = schedule or self.log_dir / "celerybeat-schedule"
+        return self.start("beat", beat_command(schedule, loglevel), self.env)
+
+    # -- readiness, pause, stop --------------------------------------------------------------
+    def wait_ready(self, pool: str, *, count: int = 1, timeout: float = 600, since: float = 0.0) -> None:
+        """Wait until ``count`` workers of ``pool`` heartbeat (after ``since``, unix seconds) with their
+        engine ready; fails at once if a process of the stack exits."""
+        wait_worker_ready(
+            self.redis_url, pool, timeout=timeout, since=since, children=self.children.values(), count=count
+        )
+
+    def pause(self) -> None:
+        """SIGSTOP every process (engines included): the stack uses no CPU until ``resume``."""
+        for child in self.children.values():
+            child.pause()
+
+    def resume(self) -> None:
+        """SIGCONT every process; a worker is fresh again for the gateway at its next heartbeat
+        (``wait_ready(pool, since=...)`` waits for it)."""
+        for child in self.children.values():
+            child.resume()
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop one process (its whole group, vLLM's engine processes included)."""
+        self.children.pop(name).stop(timeout, sig=sig)
+
+    def stop_all(
+        self, *, timeout: float = 30, group: bool = True, hurry: Callable[[], bool] = lambda: False
+    ) -> list[Child]:
+        """Stop every process together (see ``stop_all``); the ones that had to be killed."""
+        killed = stop_all(self.children.values(), timeout=timeout, group=group, hurry=hurry)
+        self.children.clear()
+        return killed
+
+
+def stack_env(database_url: str, redis_url: str, **env: str) -> dict[str, str]:
+    """The environment of a stack's processes: this process's, the stack's database and Redis, and
+    ``env`` on top."""
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "PYTHONUNBUFFERED": "1",
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        **env,
+    }
