@@ -27,7 +27,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -412,11 +412,13 @@ class Stack:
         return killed
 
 
-def stack_env(database_url: str, redis_url: str, **env: str) -> dict[str, str]:
-    """The environment of a stack's processes: this process's, the stack's database and Redis, and
-    ``env`` on top."""
+def stack_env(
+    database_url: str, redis_url: str, base: Mapping[str, str] | None = None, **env: str
+) -> dict[str, str]:
+    """The environment of a stack's processes: ``base`` (default this process's), the stack's
+    database and Redis, and ``env`` on top."""
     return {
-        **os.environ,
+        **(os.environ if base is None else base),
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "PYTHONUNBUFFERED": "1",
         "DATABASE_URL": database_url,
