@@ -1,8 +1,10 @@
 """The platform under test: gunicorn (gateway) → Redis → Celery worker (vLLM engine), plus beat.
 
-It runs against its own database (``gemma_bench``, dropped and re-created each run) on the PostgreSQL
-server named by DATABASE_URL, and its own Redis database index (BENCH_REDIS_DB, default 12, emptied
-each run) on the Redis server named by REDIS_URL; when those are unset the embedded servers of
+The processes are the platform launcher's (deploy/local/launcher.py ``Stack``, as ``make up`` and the
+end-to-end tests start them), pinned to the benchmark's serving cores (benchmarks/procs.py). It runs
+against its own database (``gemma_bench``, dropped and re-created each run) on the PostgreSQL server
+named by DATABASE_URL, and its own Redis database index (BENCH_REDIS_DB, default 12, emptied each
+run) on the Redis server named by REDIS_URL; when those are unset the embedded servers of
 deploy/local/services.py (in .run/) are used, as ``make up`` and ``make test`` do. The tenant, its API
 key and the served model are set up with the project's management commands, as an operator would.
 
@@ -15,12 +17,13 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
 from benchmarks.gpu.worker_metrics import behind_metrics
 from benchmarks.procs import ROOT, STATE_DIR, Child, engine_cpu_env, free_port
-from deploy.local.launcher import beat_command, manage, stop_all, wait_worker_ready, web_command, worker_command
+from deploy.local.launcher import Stack, stack_env
 
 POOL = "bench"
 BENCH_DATABASE = "gemma_bench"
@@ -46,6 +49,17 @@ def recreate_database(server_url: str, name: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
+@dataclass(kw_only=True)
+class BenchStack(Stack):
+    """The launcher's stack whose processes are pinned to the serving cores (benchmarks/procs.py),
+    named ``<label>-<name>`` so that stacks run side by side keep their logs apart."""
+
+    label: str = "platform"
+
+    def new_child(self, name: str, argv: list[str], env: dict[str, str], *, engine: bool = False) -> Child:
+        return Child(f"{self.label}-{name}", argv, env, cwd=self.cwd, hosts_engine=engine)
+
+
 class PlatformStack:
     """The whole platform on local ports; ``base_url`` ends in /v1 and ``api_key`` is a tenant's key."""
 
@@ -64,14 +78,21 @@ class PlatformStack:
         self.database = database  # dropped and re-created on entry
         self.source, self.label = Path(source).resolve(), label
         self.redis_db = int(os.environ.get("BENCH_REDIS_DB", "12")) if redis_db is None else redis_db
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.stack = BenchStack(env={}, log_dir=STATE_DIR / "logs", port=free_port(), cwd=self.source, label=label)
+        self.base_url = f"{self.stack.base_url}/v1"
         self.extra_env = dict(extra_env or {})
         self.worker_concurrency = int(os.environ.get("BENCH_WORKER_CONCURRENCY", "80"))
         self.api_key = ""
-        self.children: list[Child] = []
         self.services = None
-        self.env: dict[str, str] = {}
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.stack.env
+
+    @property
+    def children(self) -> list[Child]:
+        """The processes: web, worker, beat."""
+        return list(self.stack.children.values())
 
     # -- setup ------------------------------------------------------------------------------
     def _environment(self) -> dict[str, str]:
@@ -90,58 +111,44 @@ class PlatformStack:
             "ENGINE_PROFILE": "cpu",
             "LOG_LEVEL": "WARNING",
         }
-        env = {**defaults, **engine_cpu_env(), **os.environ, **self.extra_env}
-        env.update(
-            SECRET_KEY=secrets.token_urlsafe(48),
-            DATABASE_URL=database_url,
-            REDIS_URL=redis_url,
-            DJANGO_SETTINGS_MODULE="config.settings",
-            GUNICORN_BIND=f"127.0.0.1:{self.port}",
-            SERVED_MODEL=self.model_name,
-            MODEL_PATH=self.model_dir,
-            WORKER_POOL=POOL,
-            POD_NAME="bench-pod",
-            PYTHONUNBUFFERED="1",
-        )
+        base = {**defaults, **engine_cpu_env(), **os.environ, **self.extra_env}
+        env = stack_env(database_url, redis_url, base, SECRET_KEY=secrets.token_urlsafe(48))
         if self.source != ROOT:
             # Before the virtual environment's .pth entries, which name this checkout's source roots.
             env["PYTHONPATH"] = f"{self.source / 'platform'}{os.pathsep}{self.source}"
         return env
 
     def manage(self, *args: str) -> str:
-        return manage(self.env, *args)
+        return self.stack.manage(*args)
 
     def _provision(self) -> None:
         self.manage("migrate", "--noinput", "-v", "0")
         self.manage("createtenant", "bench", "--if-not-exists")
         self.api_key = self.manage("createkey", "bench", "--name", "benchmark").strip().splitlines()[-1]
-        self.manage(
-            "registermodel", self.model_name, "--path", self.model_dir, "--pool", POOL, "--context-length", "2048"
-        )
+        self.stack.register_model(self.model_name, self.model_dir, POOL)
 
-    def _children(self) -> list[Child]:
-        worker = worker_command("bench", f"pool.{POOL},control", self.worker_concurrency, loglevel="WARNING")
-        if self.metrics_port:
-            worker = behind_metrics(worker, self.metrics_port)
-        schedule = STATE_DIR / f"{self.label}-celerybeat-schedule"
-        return [
-            Child(f"{self.label}-web", web_command(), self.env, cwd=self.source),
-            Child(f"{self.label}-worker", worker, self.env, cwd=self.source, hosts_engine=True),
-            Child(f"{self.label}-beat", beat_command(schedule, loglevel="WARNING"), self.env, cwd=self.source),
-        ]
+    def _start(self) -> None:
+        """Web, worker, beat (in this order: ``children``); returns once the worker's engine is ready."""
+        wrap = (lambda argv: behind_metrics(argv, self.metrics_port)) if self.metrics_port else None
+        web = self.stack.start_web(wait=False)
+        self.stack.start_worker(
+            "worker", POOL, model=self.model_name, model_path=self.model_dir, pod="bench-pod",
+            concurrency=self.worker_concurrency, loglevel="WARNING", wrap=wrap,
+        )  # fmt: skip
+        self.stack.start_beat(STATE_DIR / f"{self.label}-celerybeat-schedule", loglevel="WARNING")
+        web.wait_http(f"{self.stack.base_url}/healthz", 120)
+        self._wait_worker_ready()
 
     def _wait_worker_ready(self, since: float = 0.0, timeout: float = START_TIMEOUT_S) -> None:
         """Wait for a ready worker whose last heartbeat is fresh and later than ``since`` (unix time)."""
-        wait_worker_ready(self.env["REDIS_URL"], POOL, timeout=timeout, since=since, children=self.children)
+        self.stack.wait_ready(POOL, timeout=timeout, since=since)
 
     # -- lifecycle --------------------------------------------------------------------------
     def __enter__(self) -> PlatformStack:
         try:
-            self.env = self._environment()
+            self.stack.env = self._environment()
             self._provision()
-            self.children = [child.start() for child in self._children()]
-            self.children[0].wait_http(f"http://127.0.0.1:{self.port}/healthz", 120)
-            self._wait_worker_ready()
+            self._start()
             for child in self.children:
                 child.pin_serving_threads()
         except BaseException:
@@ -150,18 +157,16 @@ class PlatformStack:
         return self
 
     def pause(self) -> None:
-        for child in self.children:
-            child.pause()
+        self.stack.pause()
 
     def resume(self) -> None:
         """Resume every process and wait for the worker's next heartbeat (the gateway needs it fresh)."""
         resumed = time.time()
-        for child in self.children:
-            child.resume()
+        self.stack.resume()
         self._wait_worker_ready(since=resumed, timeout=60)
 
     def __exit__(self, *exc: object) -> None:
-        stop_all(self.children)
+        self.stack.stop_all()
         if self.services is not None:
             self.services.stop()  # only the embedded servers this run started
 

@@ -412,9 +412,7 @@ class Stack:
         return killed
 
 
-def stack_env(
-    database_url: str, redis_url: str, base: Mapping[str, str] | None = None, **env: str
-) -> dict[str, str]:
+def stack_env(database_url: str, redis_url: str, base: Mapping[str, str] | None = None, **env: str) -> dict[str, str]:
     """The environment of a stack's processes: ``base`` (default this process's), the stack's
     database and Redis, and ``env`` on top."""
     return {

@@ -29,18 +29,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.local.launcher import (
-    Child,
-    beat_command,
-    http_status,
-    port_open,
-    stop_all,
-    web_command,
-    worker_command,
-)
+from deploy.local.launcher import Stack, http_status, port_open
 from deploy.local.services import (
     REPO_ROOT,
     EmbeddedPostgres,
@@ -77,25 +69,21 @@ class StartError(Exception):
 
 
 @dataclass
-class Stack:
-    env: dict[str, str]
-    port: int
-    children: list[Child] = field(default_factory=list)
+class Up:
+    """What this run started: the stack's processes, the embedded servers, the run file."""
+
+    stack: Stack
     services: LocalServices | None = None
     owns_run_file: bool = False
 
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def stop(self, hurry: Callable[[], bool]) -> None:
         """Stop the children (web first, the engine last), then the embedded servers we started."""
-        for child in self.children:
+        for child in self.stack.children.values():
             if child.process is not None and child.poll() is None:
                 print(f"stopping {child.name}...", flush=True)
         # SIGTERM to each child alone: gunicorn and Celery stop their own processes in order (a
         # worker lets its engine finish the requests in flight); their groups are killed after.
-        for child in stop_all(self.children, timeout=STOP_TIMEOUT_S, group=False, hurry=hurry):
+        for child in self.stack.stop_all(timeout=STOP_TIMEOUT_S, group=False, hurry=hurry):
             print(f"{child.name} did not stop in time: killed", flush=True)
         if self.owns_run_file:
             RUN_FILE.unlink(missing_ok=True)
@@ -114,11 +102,11 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    stack = Stack(env={}, port=0)
+    up = Up(Stack(env={}, log_dir=LOG_DIR, port=0))
     code = 0
     try:
-        _start(stack)
-        _serve(stack)
+        _start(up)
+        _serve(up.stack)
     except Shutdown as exc:
         print(f"\n{exc}: shutting down", flush=True)
     except StartError as exc:
@@ -127,25 +115,26 @@ def main() -> int:
     finally:
         # From here on a signal only hurries the stop (a second Ctrl-C skips the graceful wait).
         stopping["asked"] = max(stopping["asked"], 1)
-        stack.stop(hurry=lambda: stopping["asked"] > 1)
+        up.stop(hurry=lambda: stopping["asked"] > 1)
         print("stopped", flush=True)
     return code
 
 
-def _start(stack: Stack) -> None:
-    """Bring the stack up, recording in ``stack`` what was started as it goes (for the stop)."""
+def _start(up: Up) -> None:
+    """Bring the stack up, recording in ``up`` what was started as it goes (for the stop)."""
+    stack = up.stack
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     port = stack.port = _port()
     left_running = _claim_run()
-    stack.owns_run_file = True
+    up.owns_run_file = True
     _step("PostgreSQL and Redis")
-    services = stack.services = ensure_services(STATE_DIR)
+    services = up.services = ensure_services(STATE_DIR)
     for server in services.started:
         print(f"  started embedded {server.name} (data in {STATE_DIR})")
     _adopt(services, left_running)
-    _record_run(stack)
+    _record_run(up)
     print(f"  DATABASE_URL={services['DATABASE_URL']}\n  REDIS_URL={services['REDIS_URL']}")
-    stack.env = _child_env(services, port)
+    env = stack.env = _child_env(services, port)
     os.environ.update(stack.env)  # the in-process Django steps below read the same settings
     _save_settings(stack.env)
 
@@ -173,13 +162,13 @@ def _start(stack: Stack) -> None:
 
     connections.close_all()
 
-    _step(f"web on {stack.base}, Celery worker (vLLM, CPU) and beat")
+    _step(f"web on {stack.base_url}, Celery worker (vLLM, CPU) and beat")
     if port_open(port):
         raise StartError(f"port {port} is already in use: set PORT to a free port (PORT=8001 make up)")
-    stack.children = _children(stack.env)
-    for child in stack.children:
-        child.start(stack.env)
-    _record_run(stack)
+    stack.start_web(wait=False, GUNICORN_BIND=env["GUNICORN_BIND"])
+    stack.start_beat(STATE_DIR / "celerybeat-schedule")
+    stack.start_worker("worker", env["WORKER_POOL"], model=env["SERVED_MODEL"], model_path=env["MODEL_PATH"])
+    _record_run(up)
     _wait_for(stack, "/healthz", "the web server", timeout=60.0)
     demo_key = _ensure_demo_key(stack)
     _wait_for(stack, "/readyz", "the vLLM engine (30-90 s on first start)", timeout=_ready_timeout())
@@ -189,7 +178,7 @@ def _start(stack: Stack) -> None:
 def _serve(stack: Stack) -> None:
     """Run until a signal (raises Shutdown) or until a child dies."""
     while True:
-        for child in stack.children:
+        for child in stack.children.values():
             code = child.poll()
             if code is not None:
                 raise StartError(
@@ -230,15 +219,6 @@ def _child_env(services: LocalServices, port: int) -> dict[str, str]:
     env["PORT"] = str(port)
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
     return env
-
-
-def _children(env: dict[str, str]) -> list[Child]:
-    queues = f"pool.{env['WORKER_POOL']},control"
-    return [
-        Child("web", web_command(), LOG_DIR / "web.log"),
-        Child("beat", beat_command(STATE_DIR / "celerybeat-schedule"), LOG_DIR / "beat.log"),
-        Child("worker", worker_command("worker", queues, concurrency=64), LOG_DIR / "worker.log"),
-    ]
 
 
 def _django_setup() -> None:
@@ -291,7 +271,7 @@ def _ensure_demo_key(stack: Stack) -> str:
     key_file = STATE_DIR / "demo-key"
     if key_file.exists():
         key = key_file.read_text().strip()
-        status = http_status(stack.base + "/v1/models", {"Authorization": f"Bearer {key}"})
+        status = http_status(stack.base_url + "/v1/models", {"Authorization": f"Bearer {key}"})
         if status == 200:
             print(f"  demo key: reusing {_rel(key_file)}")
             return key
@@ -312,7 +292,7 @@ def _wait_for(stack: Stack, path: str, what: str, timeout: float) -> None:
     last_report = started
     reported: set[str] = set()
     print(f"  waiting for {what}...", flush=True)
-    while http_status(stack.base + path) != 200:
+    while http_status(stack.base_url + path) != 200:
         _check_children(stack, what)
         elapsed = time.monotonic() - started
         if elapsed > timeout:
@@ -326,7 +306,7 @@ def _wait_for(stack: Stack, path: str, what: str, timeout: float) -> None:
             # A child that logs an error but keeps running (an engine that failed to start in a
             # worker that stays up) would otherwise only show as a wait that never ends.
             # Not the web log: it records each of our own /readyz polls as a 503 error.
-            for child in stack.children:
+            for child in stack.children.values():
                 if child.name == "web":
                     continue
                 for line in child.errors():
@@ -338,7 +318,7 @@ def _wait_for(stack: Stack, path: str, what: str, timeout: float) -> None:
 
 
 def _check_children(stack: Stack, what: str) -> None:
-    for child in stack.children:
+    for child in stack.children.values():
         code = child.poll()
         if code is not None:
             raise StartError(
@@ -358,17 +338,17 @@ def _ready_timeout() -> float:
 def _banner(stack: Stack, key: str, admin_password: str) -> None:
     body = json.dumps({"model": MODEL_ID, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32})
     curl = (
-        f"curl {stack.base}/v1/chat/completions -H 'Authorization: Bearer {key}' "
+        f"curl {stack.base_url}/v1/chat/completions -H 'Authorization: Bearer {key}' "
         f"-H 'Content-Type: application/json' -d '{body}'"
     )
     print(
         "\n"
         "The platform is up (tiny random-weight model: its replies are gibberish).\n"
-        f"  Base URL:  {stack.base}/v1\n"
+        f"  Base URL:  {stack.base_url}/v1\n"
         f"  API key:   {key}   (tenant {DEMO_TENANT!r}, saved in {_rel(STATE_DIR / 'demo-key')})\n"
         f"  Try:       {curl}\n"
-        f"  Console:   {stack.base}/console/   login {ADMIN_USER} / {admin_password}\n"
-        f"  Admin:     {stack.base}/admin/   (Django admin, same login)\n"
+        f"  Console:   {stack.base_url}/console/   login {ADMIN_USER} / {admin_password}\n"
+        f"  Admin:     {stack.base_url}/admin/   (Django admin, same login)\n"
         f"  Logs:      {_rel(LOG_DIR)}/web.log, worker.log, beat.log\n"
         "Ctrl-C stops everything.\n",
         flush=True,
@@ -448,11 +428,11 @@ def _adopt(services: LocalServices, names: list[str]) -> None:
             services.started.append(server)
 
 
-def _record_run(stack: Stack) -> None:
+def _record_run(up: Up) -> None:
     record = {
         "pid": os.getpid(),
-        "children": {child.name: child.process.pid for child in stack.children if child.process},
-        "services": [server.name for server in stack.services.started] if stack.services else [],
+        "children": {child.name: child.process.pid for child in up.stack.children.values() if child.process},
+        "services": [server.name for server in up.services.started] if up.services else [],
     }
     RUN_FILE.write_text(json.dumps(record))
 

@@ -1,8 +1,8 @@
 """The live stack for end-to-end tests: gunicorn → Redis → Celery worker → vLLM (tiny model, CPU).
 
-The processes are started by the platform's own launcher (deploy/local/launcher.py), with the same
-commands as ``make up`` and the benchmarks; this module adds the test's database and Redis, a worker
-per pool on demand and the helpers the tests share.
+The stack is the platform's launcher's (deploy/local/launcher.py ``Stack``), as ``make up`` and the
+benchmarks start it; this module adds the tests' defaults (the tiny model, pool ``tiny``, a worker
+per pool on demand), the test's database and Redis, and the helpers the tests share.
 
 One stack per test module (the engine takes tens of seconds to start; a fresh stack per module keeps
 one module's leftovers from slowing the next). It uses the pytest-django
@@ -12,29 +12,22 @@ not disturb it. Tests that use it must commit their data (`transactional_db`).
 
 import contextlib
 import os
-import signal
-import subprocess
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
 import httpx
 import pytest
 
-from deploy.local.launcher import (
-    Child,
-    beat_command,
-    free_port,
-    stop_all,
-    wait_worker_ready,
-    web_command,
-    worker_command,
-)
+from deploy.local import launcher
+from deploy.local.launcher import CELERY_APP, free_port, stack_env, worker_command
+
+__all__ = ["free_port"]
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "tiny"
+MODEL = "tiny-gemma4"
 # The stack's own Redis database, next to the suite's (TEST_REDIS_DB, default 15 -> stack 14; a
 # suite on database n < 8 -> stack n + 7), so that suites run side by side never share a Celery queue.
 _SUITE_REDIS_DB = int(os.environ.get("TEST_REDIS_DB", "15"))
@@ -50,88 +43,42 @@ def database_url(settings_dict: dict) -> str:
     return f"postgres://{user}{password}@{host}:{port}/{settings_dict['NAME']}"
 
 
-@dataclass
-class Stack:
-    base_url: str
-    env: dict
+@dataclass(kw_only=True)
+class Stack(launcher.Stack):
+    """The launcher's stack with the tests' defaults: the tiny model in ``model_dir`` as ``tiny-gemma4``
+    on pool ``tiny``; every worker serves tenants' adapters (tests/e2e/test_adapters.py)."""
+
     model_dir: Path
-    log_dir: Path
-    procs: dict[str, Child] = field(default_factory=dict)
 
-    @property
-    def redis_url(self) -> str:
-        return self.env["REDIS_URL"]
+    def register_model(self, model: str = MODEL, path=None, pool: str = POOL, context_length: int = 2048) -> None:
+        super().register_model(model, path or self.model_dir, pool, context_length)
 
-    def manage(self, *args: str) -> str:
-        """Run a management command against the stack's database and Redis; returns stdout."""
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=120
-        )
-        if result.returncode != 0:
-            raise AssertionError(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-        return result.stdout
+    def worker_command(self, name: str, pool: str, concurrency: int = 64, app: str = CELERY_APP) -> list[str]:
+        return worker_command(name, f"pool.{pool},control", concurrency, app=app)
 
-    def register_model(self, model_id: str = "tiny-gemma4", pool: str = POOL) -> None:
-        """Register the tiny model under `model_id` on `pool` (idempotent)."""
-        self.manage(
-            "registermodel", model_id, "--path", str(self.model_dir), "--pool", pool, "--context-length", "2048"
-        )
+    def worker_env(self, name: str, pool: str, model_path=None, **env: str) -> dict:
+        return super().worker_env(
+            pool, model=MODEL, model_path=model_path or self.model_dir, pod=f"{name}-pod",
+            ENGINE_PROFILE="cpu", ENGINE_LORA="1", **env,
+        )  # fmt: skip
 
-    def worker_command(
-        self, name: str, pool: str, concurrency: int = 64, queues: str = "", app: str | None = None
-    ) -> list[str]:
-        options = {"app": app} if app else {}
-        return worker_command(name, queues or f"pool.{pool},control", concurrency, **options)
+    def start_worker(self, name: str = "e2e", pool: str = POOL, concurrency: int = 64, **options) -> launcher.Child:
+        """A Celery worker with an engine on `pool` (``children[name]``); `options` as the launcher's
+        (``app``: a module of the tests' own that wraps the worker's, ``wrap``, environment variables)."""
+        options = {"pod": f"{name}-pod", "ENGINE_PROFILE": "cpu", "ENGINE_LORA": "1", **options}
+        return super().start_worker(name, pool, model=MODEL, model_path=self.model_dir, concurrency=concurrency,
+                                    **options)  # fmt: skip
 
-    def worker_env(self, name: str, pool: str, model_path: str | None = None) -> dict:
-        return dict(
-            self.env,
-            SERVED_MODEL="tiny-gemma4",
-            MODEL_PATH=model_path or str(self.model_dir),
-            WORKER_POOL=pool,
-            ENGINE_PROFILE="cpu",
-            ENGINE_LORA="1",  # serves tenants' adapters (tests/e2e/test_adapters.py)
-            POD_NAME=f"{name}-pod",
-        )
-
-    def start_worker(self, name: str = "e2e", pool: str = POOL, concurrency: int = 64, app: str | None = None) -> Child:
-        """A Celery worker with an engine on `pool` (``procs["worker-<name>"]``); `app` is the module
-        ``celery -A`` loads (a test may wrap the worker's in a module of its own under tests/)."""
-        return self._start(
-            f"worker-{name}", self.worker_command(name, pool, concurrency, app=app), self.worker_env(name, pool)
-        )
-
-    def start_beat(self) -> Child:
-        return self._start("beat", beat_command(self.log_dir / "beat-schedule"), self.env)
-
-    def _start(self, key: str, argv: list[str], env: dict) -> Child:
-        self.procs[key] = child = Child(key, argv, self.log_dir / f"{key}.log", env=env).start()
-        return child
-
-    def wait_ready(self, pool: str = POOL, timeout: float = ENGINE_START_TIMEOUT) -> None:
-        wait_worker_ready(self.redis_url, pool, timeout=timeout, children=self.procs.values())
-
-    def stop(self, key: str, sig=signal.SIGTERM, timeout: float = 30) -> None:
-        """Stop one process (its whole group, vLLM's engine processes included)."""
-        self.procs.pop(key).stop(timeout, sig=sig)
-
-    def stop_all(self) -> None:
-        stop_all(self.procs.values())
-        self.procs.clear()
+    def wait_ready(self, pool: str = POOL, *, count: int = 1, timeout: float = ENGINE_START_TIMEOUT,
+                   since: float = 0.0) -> None:  # fmt: skip
+        super().wait_ready(pool, count=count, timeout=timeout, since=since)
 
 
-def _start_gunicorn(stack: Stack, port: int) -> None:
-    web = stack._start(
-        "gunicorn", web_command(), dict(stack.env, GUNICORN_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY="2")
-    )
-    web.wait_http(f"{stack.base_url}/healthz", timeout=60)
-
-
-def engine_processes(stack: Stack, worker: str = "worker-e2e") -> list:
+def engine_processes(stack: Stack, worker: str = "e2e") -> list:
     """The worker's vLLM engine processes (EngineCore and its compute worker): to pause and resume."""
     import psutil
 
-    process = psutil.Process(stack.procs[worker].pid)
+    process = psutil.Process(stack.children[worker].pid)
     return [child for child in process.children(recursive=True) if child.name().startswith("VLLM::")]
 
 
@@ -139,7 +86,7 @@ def requests_in_flight(stack: Stack, pool: str = POOL) -> int:
     """What the pool's workers reported in their last heartbeat (every 2 s): tasks they are running."""
     import redis
 
-    from workers import protocol
+    from contract import protocol
 
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
     return sum(int(record.get("in_flight") or 0) for record in protocol.fresh_workers(client, pool, 0).values())
@@ -182,7 +129,7 @@ class PausedEngine:
 
 
 @contextlib.contextmanager
-def engine_paused(stack: Stack, worker: str = "worker-e2e"):
+def engine_paused(stack: Stack, worker: str = "e2e"):
     """The worker's engine stopped (SIGSTOP) inside the block: requests are taken but make no progress."""
     engine = PausedEngine(engine_processes(stack, worker))
     assert engine.processes, f"no vLLM engine process under {worker}"
@@ -209,7 +156,7 @@ def disconnect_mid_stream(stack: Stack, key: str, body: dict, attempts: int = 5)
     """
     import redis
 
-    from workers import protocol
+    from contract import protocol
 
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
 
@@ -266,7 +213,7 @@ def run_to_first_tokens(engine: PausedEngine, client, request_id: str) -> bool:
 
 def entry_kinds(client, request_id: str) -> list[str]:
     """The kinds of the entries in the request's event stream, in order."""
-    from workers import protocol
+    from contract import protocol
 
     return [fields["t"] for _, fields in client.xrange(protocol.events_key(request_id))]
 
@@ -345,12 +292,10 @@ def live_stack(
 
     if not getattr(flush.Command.handle, "retries_deadlocks", False):
         flush.Command.handle = _flush_retrying_deadlocks(flush.Command.handle)
-    port = free_port()
     redis_url = stack_redis_url
-    env = dict(
-        os.environ,
-        DATABASE_URL=stack_database_url,
-        REDIS_URL=redis_url,
+    env = stack_env(
+        stack_database_url,
+        redis_url,
         AUTH_CACHE_SECONDS="30",
         DATABASE_POOL="1",  # as in production
         # Heartbeats come every 2 s; this 2-core machine sometimes stalls every process for 5 s
@@ -359,21 +304,15 @@ def live_stack(
         SSE_KEEPALIVE_SECONDS="1",
         # Renewed every 5 s; lapses 20 s after a web process dies (tests/e2e/test_web_loss.py).
         READER_LEASE_SECONDS="20",
-        PYTHONUNBUFFERED="1",
         # Tenants' adapters uploaded by the tests, apart from `make up`'s store.
         ADAPTER_STORE_DIR=str(tmp_path_factory.mktemp("adapter-store")),
     )
     import redis
 
     redis.Redis.from_url(redis_url).flushdb()
-    stack = Stack(
-        base_url=f"http://127.0.0.1:{port}",
-        env=env,
-        model_dir=tiny_model_dir,
-        log_dir=tmp_path_factory.mktemp("stack-logs"),
-    )
+    stack = Stack(env=env, log_dir=tmp_path_factory.mktemp("stack-logs"), model_dir=tiny_model_dir)
     try:
-        _start_gunicorn(stack, port)
+        stack.start_web(WEB_CONCURRENCY="2", timeout=60)
         stack.start_worker()
         stack.start_beat()
         stack.wait_ready()

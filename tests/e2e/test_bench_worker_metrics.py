@@ -2,14 +2,13 @@
 real worker: Celery and vLLM's CPU engine in one process, read over HTTP as the platform stage does."""
 
 import json
-import sys
 import time
 
 import httpx
 import pytest
 
 from benchmarks.gpu.measure import engine_steps
-from benchmarks.gpu.worker_metrics import read_step_token_counts
+from benchmarks.gpu.worker_metrics import behind_metrics, read_step_token_counts
 from tests.e2e.stack import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -24,12 +23,9 @@ def test_the_wrapped_worker_serves_requests_and_the_steps_its_engine_ran_for_the
     stack.register_model(MODEL, pool=POOL)
     _, key = make_tenant("metered")
     port = free_port()
-    celery_args = stack.worker_command("metered", POOL, concurrency=4)[3:]  # after "python -m celery"
     # The cpu profile turns vLLM's statistics off; the GPU profiles keep them on, as here.
-    env = dict(stack.worker_env("metered", POOL), ENGINE_ARGS_JSON=json.dumps({"disable_log_stats": False}))
-    stack._start(
-        "worker-metered", [sys.executable, "-m", "benchmarks.gpu.worker_metrics", str(port), *celery_args], env
-    )
+    stack.start_worker("metered", POOL, concurrency=4, wrap=lambda argv: behind_metrics(argv, port),
+                       ENGINE_ARGS_JSON=json.dumps({"disable_log_stats": False}))  # fmt: skip
     try:
         stack.wait_ready(pool=POOL)
         before = read_step_token_counts(port)
@@ -47,7 +43,7 @@ def test_the_wrapped_worker_serves_requests_and_the_steps_its_engine_ran_for_the
                 break
             time.sleep(0.2)
     finally:
-        stack.stop("worker-metered")
+        stack.stop("metered")
     assert before is not None, "the wrapper served no histogram of tokens per step"
     # One step per generated token at least (the first also computes the prompt), and the steps
     # with more tokens than the one stream: the prompt's.

@@ -16,9 +16,9 @@ import psutil
 import pytest
 import redis
 
+from contract import protocol
 from tests.e2e.stack import database_url, wait_until, wait_usage_row
 from tests.e2e.tcp_proxy import CuttableProxy
-from workers import protocol
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -47,7 +47,7 @@ def stack_database_url(django_db_setup, postgres_proxy):
 
 
 def _serving_process(stack, client_port: int) -> int:
-    master = psutil.Process(stack.procs["gunicorn"].pid)
+    master = psutil.Process(stack.children["web"].pid)
     for worker in master.children():
         if any(conn.raddr and conn.raddr.port == client_port for conn in worker.net_connections(kind="tcp")):
             return worker.pid
@@ -57,7 +57,7 @@ def _serving_process(stack, client_port: int) -> int:
 def _every_web_process_serves(stack, headers: dict) -> None:
     """Send requests on fresh connections until every web process has served one: each then holds
     the model catalog (read per process) and has seen the key."""
-    processes = {worker.pid for worker in psutil.Process(stack.procs["gunicorn"].pid).children()}
+    processes = {worker.pid for worker in psutil.Process(stack.children["web"].pid).children()}
     served: set[int] = set()
     for _ in range(60):
         with httpx.Client(base_url=stack.base_url, headers=headers, timeout=120) as client:

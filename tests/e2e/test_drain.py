@@ -75,4 +75,4 @@ def test_the_probe_follows_the_engine_and_a_drain_waits_for_in_flight_streams(li
         )
         assert refused.status_code == 503
     finally:
-        stack.stop("worker-drain")
+        stack.stop("drain")

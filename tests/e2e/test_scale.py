@@ -13,8 +13,8 @@ import httpx
 import pytest
 import redis
 
+from contract import protocol
 from tests.e2e.stack import PausedEngine, engine_processes, requests_in_flight, wait_until, wait_usage_row
-from workers import protocol
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -69,7 +69,7 @@ def test_a_model_worker_runs_its_requests_in_slots_that_hold_no_thread(tiny_stac
     assert {response.status_code for response in responses} <= {200, 429, 503}
     assert any(response.status_code == 200 for response in responses)
 
-    worker_log = (tiny_stack.log_dir / "worker-e2e.log").read_text()
+    worker_log = (tiny_stack.log_dir / "e2e.log").read_text()
     assert "--pool threads --concurrency 64" in worker_log and "--loglevel INFO" in worker_log
     assert "concurrency: 64 (requestpool)" in worker_log  # Celery's banner names the pool's module
     assert f"started its {BLOCKING_TASK_THREADS} task threads" in worker_log
@@ -108,8 +108,8 @@ def test_a_pool_spreads_over_two_workers_and_a_stream_survives_the_loss_of_the_o
         stack.start_worker(name=f"pair-{name}", pool=PAIR_POOL, concurrency=PAIR_SLOTS)
     try:
         wait_until(lambda: len(_ready(client)) == 2, "the two workers never became ready", timeout=600)
-        survivor = PausedEngine(engine_processes(stack, "worker-pair-a"))
-        doomed = PausedEngine(engine_processes(stack, "worker-pair-b"))
+        survivor = PausedEngine(engine_processes(stack, "pair-a"))
+        doomed = PausedEngine(engine_processes(stack, "pair-b"))
         survivor.suspend()
         doomed.suspend()
         request_ids: dict[int, str] = {}
@@ -120,12 +120,12 @@ def test_a_pool_spreads_over_two_workers_and_a_stream_survives_the_loss_of_the_o
                        "the pool never ran all eight requests", timeout=120)  # fmt: skip
             wait_until(lambda: len(request_ids) == 2 * PAIR_SLOTS, "not every stream opened")
             served_by = {i: _serving_worker(client, rid) for i, rid in request_ids.items()}
-            stack.stop("worker-pair-b", sig=signal.SIGKILL)
+            stack.stop("pair-b", sig=signal.SIGKILL)
             survivor.resume()
             outcomes = {i: stream.result(timeout=300) for i, stream in enumerate(streams)}
     finally:
-        for name in ("worker-pair-a", "worker-pair-b"):
-            if name in stack.procs:
+        for name in ("pair-a", "pair-b"):
+            if name in stack.children:
                 stack.stop(name, sig=signal.SIGKILL)
 
     assert sorted(served_by.values()).count(served_by[0]) == PAIR_SLOTS  # four and four

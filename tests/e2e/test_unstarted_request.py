@@ -17,9 +17,9 @@ import httpx
 import pytest
 import redis
 
+from contract import protocol
 from tests.e2e.held_claims import HELD_KEY
 from tests.e2e.stack import wait_until, wait_usage_row
-from workers import protocol
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -57,7 +57,7 @@ def _claimed_then_killed(tiny_stack, make_tenant, tenant: str, *, restarted: boo
             claimer = client.get(protocol.claim_key(request_id))
             assert claimer and claimer.startswith("held@"), claimer
             assert not client.exists(protocol.events_key(request_id)), "the held request started"
-            stack.stop("worker-held", sig=signal.SIGKILL)
+            stack.stop("held", sig=signal.SIGKILL)
             if restarted:
                 # Back at once under the same node name, heartbeating before the old beat goes stale.
                 stack.start_worker(name="held", pool=HELD_POOL, concurrency=2, app="tests.e2e.held_claims")
@@ -67,8 +67,8 @@ def _claimed_then_killed(tiny_stack, make_tenant, tenant: str, *, restarted: boo
                 )
             events = [line[6:] for line in lines if line.startswith("data: ")]
     finally:
-        if "worker-held" in stack.procs:
-            stack.stop("worker-held", sig=signal.SIGKILL)
+        if "held" in stack.children:
+            stack.stop("held", sig=signal.SIGKILL)
 
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]

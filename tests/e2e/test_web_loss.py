@@ -11,8 +11,8 @@ import psutil
 import pytest
 import redis
 
+from contract import protocol
 from tests.e2e.stack import engine_paused, relayed, run_to_first_tokens, settled, wait_until, wait_usage_row
-from workers import protocol
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -22,7 +22,7 @@ MAX_TOKENS = 1900
 
 def _web_process_serving(stack, client_port: int) -> psutil.Process:
     """The gunicorn worker whose socket is connected to the client's local port."""
-    master = psutil.Process(stack.procs["gunicorn"].pid)
+    master = psutil.Process(stack.children["web"].pid)
     for worker in master.children():
         if any(conn.raddr and conn.raddr.port == client_port for conn in worker.net_connections(kind="tcp")):
             return worker

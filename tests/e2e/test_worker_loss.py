@@ -31,8 +31,8 @@ def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_records_us
         else:
             raise AssertionError("every request ended before the test could kill its worker")
     finally:
-        if "worker-doomed" in stack.procs:
-            stack.stop("worker-doomed", sig=signal.SIGKILL)
+        if "doomed" in stack.children:
+            stack.stop("doomed", sig=signal.SIGKILL)
     events, ended_after = outcome
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
@@ -55,7 +55,7 @@ def _stream_and_kill_the_worker(stack, key: str) -> tuple[list[str], float] | No
     seconds: such an attempt is seen by its done entry and repeated, once its usage is recorded."""
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
     body = {"model": MODEL, "prompt": "Go", "max_tokens": 1900, "ignore_eos": True, "stream": True}
-    engine = PausedEngine(engine_processes(stack, "worker-doomed"))
+    engine = PausedEngine(engine_processes(stack, "doomed"))
     engine.suspend()
     with httpx.stream("POST", f"{stack.base_url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
                       json=body, timeout=60) as response:  # fmt: skip
@@ -68,7 +68,7 @@ def _stream_and_kill_the_worker(stack, key: str) -> tuple[list[str], float] | No
                 pass
             wait_usage_row(request_id)
             return None
-        stack.stop("worker-doomed", sig=signal.SIGKILL)  # its whole process group, the paused engine too
+        stack.stop("doomed", sig=signal.SIGKILL)  # its whole process group, the paused engine too
         killed_at = time.monotonic()
         events = [line[6:] for line in lines if line.startswith("data: ")]
         return events, time.monotonic() - killed_at
