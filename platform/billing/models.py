@@ -23,6 +23,7 @@ class UsageRollup(models.Model):
     requests = models.PositiveBigIntegerField(default=0)
     failed_requests = models.PositiveBigIntegerField(default=0, help_text="Status other than ok.")
     prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_tokens = models.PositiveBigIntegerField(default=0, help_text="Of the prompt tokens, prefix-cache hits.")
     completion_tokens = models.PositiveBigIntegerField(default=0)
     queue_ms = models.PositiveBigIntegerField(default=0, help_text="Sum over the requests.")
     # Decode phase (after the first token) of requests that have one: tokens and time, for tokens/s.
@@ -71,6 +72,7 @@ class Invoice(models.Model):
 class InvoiceLine(models.Model):
     class Kind(models.TextChoices):
         INPUT_TOKENS = "input_tokens"
+        CACHED_INPUT_TOKENS = "cached_input_tokens"
         OUTPUT_TOKENS = "output_tokens"
         RESERVED_THROUGHPUT = "reserved_throughput"
 

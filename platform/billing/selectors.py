@@ -7,6 +7,7 @@ from django.db.models import Case, Count, F, Q, QuerySet, Sum, When
 from django.db.models.functions import Coalesce, Trunc, TruncDay, TruncHour
 
 from billing.models import UsageRollup
+from catalog.models import ServedModel
 from ledger.models import UsageRecord
 
 _DECODE = Q(ttft_ms__isnull=False, completion_tokens__gt=1, total_ms__gt=F("queue_ms") + F("ttft_ms"))
@@ -21,6 +22,7 @@ def _ledger_measures() -> dict:
         "requests": Count("id"),
         "failed_requests": Count("id", filter=~Q(status=UsageRecord.Status.OK)),
         "prompt_tokens": Coalesce(Sum("prompt_tokens"), 0),
+        "cached_tokens": Coalesce(Sum("cached_tokens"), 0),
         "completion_tokens": Coalesce(Sum("completion_tokens"), 0),
         "queue_ms": Coalesce(Sum("queue_ms"), 0),
     }
@@ -47,7 +49,15 @@ def throughput(*, completion_tokens: int, decode_tokens: int, decode_ms: int, se
 
 
 # What `usage_totals` sums: the rollups' measures (queue_ms aside).
-USAGE_MEASURES = ("requests", "failed_requests", "prompt_tokens", "completion_tokens", "decode_tokens", "decode_ms")
+USAGE_MEASURES = (
+    "requests",
+    "failed_requests",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "decode_tokens",
+    "decode_ms",
+)
 USAGE_GRANULARITIES = ("minute", "hour", "day")
 
 
@@ -92,3 +102,39 @@ def usage_totals(
 def _span(rows: QuerySet, field: str, start: dt.datetime, end: dt.datetime | None) -> QuerySet:
     rows = rows.filter(**{f"{field}__gte": start})
     return rows if end is None else rows.filter(**{f"{field}__lt": end})
+
+
+# -- prefix cache --------------------------------------------------------------------------------
+# What the prefix-cache hit rates are grouped by: the worker pool (from each row's model; a tenant's
+# adapter "<base>:<name>" runs on its base model's pool), the worker, the tenant.
+CACHE_GROUPS = ("pool", "worker", "tenant")
+
+
+def cache_hit_rates(*, by: str, start: dt.datetime, end: dt.datetime | None = None, tenant_id: int | None = None):
+    """Prompt tokens, the prompt tokens served from the engines' prefix caches, and their ratio (None
+    without prompt tokens), per `by` (one of CACHE_GROUPS), over the ledger rows that finished in
+    [start, end) (no end: up to now), highest prompt tokens first. Rows no worker ran (a request
+    cancelled before one claimed it) are left out: no engine prefilled their prompt."""
+    if by not in CACHE_GROUPS:
+        raise ValueError(f"by must be one of {CACHE_GROUPS}, got {by!r}")
+    rows = UsageRecord.objects.filter(finished_at__gte=start).exclude(worker="")
+    if end is not None:
+        rows = rows.filter(finished_at__lt=end)
+    if tenant_id is not None:
+        rows = rows.filter(tenant_id=tenant_id)
+    field = {"pool": "model", "worker": "worker", "tenant": "tenant__name"}[by]
+    sums = rows.order_by().values(field).annotate(prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens"))
+    totals: dict[str, list[int]] = {}
+    pools = dict(ServedModel.objects.values_list("model_id", "pool")) if by == "pool" else {}
+    for row in sums:
+        name = row[field]
+        if by == "pool":
+            name = pools.get(name) or pools.get(name.split(":", 1)[0], "")
+        total = totals.setdefault(name, [0, 0])
+        total[0] += row["prompt"] or 0
+        total[1] += row["cached"] or 0
+    rates = [
+        {by: name, "prompt_tokens": prompt, "cached_tokens": cached, "hit_rate": cached / prompt if prompt else None}
+        for name, (prompt, cached) in totals.items()
+    ]
+    return sorted(rates, key=lambda rate: (-rate["prompt_tokens"], rate[by]))

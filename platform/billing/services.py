@@ -72,16 +72,17 @@ def _plan_of(tenant: Tenant) -> Plan | None:
     return quota.plan if quota else None
 
 
-def _prices(plan: Plan | None, model: str) -> tuple[int, int]:
-    """(input, output) price per 1M tokens of `model` under `plan`. A tenant's adapter ("<base>:<name>")
-    has the plan's adapter prices where it sets them, else the base prices."""
+def _prices(plan: Plan | None, model: str) -> tuple[int, int, int]:
+    """(input, cached input, output) price per 1M tokens of `model` under `plan`. A tenant's adapter
+    ("<base>:<name>") has the plan's adapter prices where it sets them, else the base prices; cached
+    input tokens have the plan's cached-input price where it sets one, else the input price."""
     if plan is None:
-        return 0, 0
+        return 0, 0, 0
     price_in, price_out = plan.price_input_per_1m_micros, plan.price_output_per_1m_micros
     if ":" in model:
         price_in = _first_set(plan.price_adapter_input_per_1m_micros, price_in)
         price_out = _first_set(plan.price_adapter_output_per_1m_micros, price_out)
-    return price_in, price_out
+    return price_in, _first_set(plan.price_cached_input_per_1m_micros, price_in), price_out
 
 
 def _first_set(value: int | None, default: int) -> int:
@@ -93,11 +94,15 @@ def _invoice_lines(tenant: Tenant, period: Period, plan: Plan | None) -> list[In
     per_model = ledger_aggregates(ledger_rows(start=period.start, end=period.end, tenant=tenant).order_by(), "model")
     for group in sorted(per_model, key=lambda g: g["model"]):
         model = group["model"]
-        price_in, price_out = _prices(plan, model)
+        price_in, price_cached, price_out = _prices(plan, model)
+        cached = group["cached_tokens"]
         for kind, tokens, price, what in (
-            (InvoiceLine.Kind.INPUT_TOKENS, group["prompt_tokens"], price_in, "input"),
+            (InvoiceLine.Kind.INPUT_TOKENS, group["prompt_tokens"] - cached, price_in, "input"),
+            (InvoiceLine.Kind.CACHED_INPUT_TOKENS, cached, price_cached, "cached input"),
             (InvoiceLine.Kind.OUTPUT_TOKENS, group["completion_tokens"], price_out, "output"),
         ):
+            if kind == InvoiceLine.Kind.CACHED_INPUT_TOKENS and not tokens:
+                continue  # no prefix-cache hits: no line
             lines.append(InvoiceLine(
                 kind=kind, model=model, description=f"{model}: {tokens} {what} tokens",
                 quantity=tokens, unit_price_micros=price, amount_micros=_amount(tokens, price),

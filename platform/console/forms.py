@@ -91,6 +91,10 @@ class PlanForm(forms.ModelForm):
         required=False, widget=forms.CheckboxSelectMultiple, help_text="None ticked: every served model."
     )
     price_input = _usd_field("Price per 1M input tokens (USD)")
+    price_cached_input = forms.DecimalField(
+        label="Price per 1M cached input tokens (USD)", min_value=0, max_digits=14, decimal_places=6, required=False,
+        help_text="Prompt tokens served from the prefix cache. Empty: the input price.",
+    )
     price_output = _usd_field("Price per 1M output tokens (USD)")
     reserved_fee = _usd_field("Monthly reserved-throughput fee (USD)")
 
@@ -115,6 +119,8 @@ class PlanForm(forms.ModelForm):
             self.fields["allowed_models"].initial = self.instance.allowed_models
             for field, model_field in self.PRICES.items():
                 self.fields[field].initial = Decimal(getattr(self.instance, model_field)) / MICROS
+            cached = self.instance.price_cached_input_per_1m_micros
+            self.fields["price_cached_input"].initial = None if cached is None else Decimal(cached) / MICROS
 
     def clean_name(self):
         name = self.cleaned_data["name"]
@@ -128,6 +134,8 @@ class PlanForm(forms.ModelForm):
         data["allowed_models"] = list(self.cleaned_data["allowed_models"])
         for field, model_field in self.PRICES.items():
             data[model_field] = int((self.cleaned_data[field] or 0) * MICROS)
+        cached = self.cleaned_data["price_cached_input"]
+        data["price_cached_input_per_1m_micros"] = None if cached is None else int(cached * MICROS)
         return data
 
 

@@ -1,11 +1,14 @@
 """Health, readiness, Prometheus metrics and the operator's pool endpoints."""
 
+import datetime as dt
 import hmac
 
 from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
+from django.utils import timezone
 
+from billing.selectors import CACHE_GROUPS, cache_hit_rates
 from catalog.models import ServedModel
 from config.bearer import bearer_token
 from gateway.errors import NotFound, OpenAIError, PermissionDenied, Unauthorized, error_response
@@ -64,6 +67,30 @@ def drain(request, pool: str, pod: str):
     return JsonResponse({"pool": pool, "pod": pod, "state": state}, status=202)
 
 
+# The span of the ledger the prefix-cache hit ratios cover: long enough to hold a steady mix of
+# requests, short enough to follow a change of routing within minutes.
+CACHE_HIT_WINDOW = dt.timedelta(minutes=15)
+
+
+def _cache_hit_lines(since: dt.datetime) -> list[str]:
+    """Prefix-cache hit ratios (cached prompt tokens / prompt tokens) per pool, worker and tenant, from
+    the ledger rows that finished since `since`; a group without prompt tokens has no sample."""
+    lines = []
+    for by in CACHE_GROUPS:
+        name = f"gemma_{by}_prefix_cache_hit_ratio"
+        help_text = f"Prompt tokens served from the prefix cache / prompt tokens, per {by}, last 15 minutes"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for rate in cache_hit_rates(by=by, start=since):
+            if rate["hit_rate"] is not None and rate[by]:
+                lines.append(f'{name}{{{by}="{_label(rate[by])}"}} {rate["hit_rate"]:.4f}')
+    return lines
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def metrics(request):
     try:
         if settings.METRICS_TOKEN:
@@ -85,5 +112,6 @@ def metrics(request):
     for name, (kind, help_text, value) in series.items():
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         lines += [f'{name}{{pool="{d.pool}"}} {value(d)}' for d in demands]
+    lines += _cache_hit_lines(timezone.now() - CACHE_HIT_WINDOW)
     connection.close_if_unusable_or_obsolete()
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4")

@@ -17,6 +17,7 @@ class UsageRecord(models.Model):
     api_key = models.ForeignKey(ApiKey, on_delete=models.PROTECT, related_name="usage_records")
     model = models.CharField(max_length=200)
     prompt_tokens = models.PositiveIntegerField()
+    cached_tokens = models.PositiveIntegerField(default=0, help_text="Prompt tokens served from the prefix cache.")
     completion_tokens = models.PositiveIntegerField()
     queue_ms = models.PositiveIntegerField(default=0, help_text="Time from admission to a worker starting it.")
     ttft_ms = models.PositiveIntegerField(null=True, help_text="Time from the worker starting it to the first token.")

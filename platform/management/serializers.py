@@ -58,9 +58,9 @@ class LimitsOutput(serializers.Serializer):
 
 # -- plans ---------------------------------------------------------------------------------------
 PLAN_FIELDS = ["name", "display_name", *LimitFields.LIMITS, "allowed_models", "price_input_per_1m_micros",
-               "price_output_per_1m_micros", "reserved_throughput_fee_micros", "guaranteed_tokens_per_second",
-               "fair_share_weight", "price_adapter_input_per_1m_micros", "price_adapter_output_per_1m_micros",
-               "max_adapters"]  # fmt: skip
+               "price_cached_input_per_1m_micros", "price_output_per_1m_micros", "reserved_throughput_fee_micros",
+               "guaranteed_tokens_per_second", "fair_share_weight", "price_adapter_input_per_1m_micros",
+               "price_adapter_output_per_1m_micros", "max_adapters"]  # fmt: skip
 
 
 class PlanOutput(serializers.ModelSerializer):
@@ -74,6 +74,8 @@ class PlanInput(LimitsInput):
     display_name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False)
     price_input_per_1m_micros = _plan_integer("price_input_per_1m_micros")
+    # null: cached input tokens cost the input price
+    price_cached_input_per_1m_micros = _plan_integer("price_cached_input_per_1m_micros", allow_null=True)
     price_output_per_1m_micros = _plan_integer("price_output_per_1m_micros")
     reserved_throughput_fee_micros = _plan_integer("reserved_throughput_fee_micros")
     guaranteed_tokens_per_second = _plan_integer("guaranteed_tokens_per_second")

@@ -277,7 +277,8 @@ class UsageView(ManagementView):
 def _usage_bucket(bucket: dict, seconds: float) -> dict:
     values = {m: int(bucket.get(m) or 0) for m in USAGE_MEASURES}
     out = {"bucket_start": bucket.get("bucket")}
-    out.update({m: values[m] for m in ("requests", "failed_requests", "prompt_tokens", "completion_tokens")})
+    shown = ("requests", "failed_requests", "prompt_tokens", "cached_tokens", "completion_tokens")
+    out.update({m: values[m] for m in shown})
     out.update(throughput(completion_tokens=values["completion_tokens"], decode_tokens=values["decode_tokens"],
                           decode_ms=values["decode_ms"], seconds=seconds))  # fmt: skip
     return out

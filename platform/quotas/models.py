@@ -43,6 +43,9 @@ class Plan(LimitFields):
     allowed_models = models.JSONField(default=list, blank=True)
     price_input_per_1m_micros = models.PositiveBigIntegerField(default=0)
     price_output_per_1m_micros = models.PositiveBigIntegerField(default=0)
+    # Prompt tokens the engine served from its prefix cache cost it no prefill: a plan may price them
+    # lower (empty: the input price, the adapter's for an adapter).
+    price_cached_input_per_1m_micros = models.PositiveBigIntegerField(null=True, blank=True)
     reserved_throughput_fee_micros = models.PositiveBigIntegerField(
         default=0, help_text="Flat monthly fee for the guaranteed throughput below."
     )

@@ -64,3 +64,35 @@ def test_an_invoice_as_json_and_csv(client, world):
     assert [line["quantity"] for line in as_json["lines"]] == [11, 22]
     assert as_json["total_micros"] == (11 * 100 + 500_000) // 1_000_000 + (22 * 200 + 500_000) // 1_000_000
     assert int(rows[-1]["amount_micros"]) == as_json["total_micros"] and len(rows) == 3
+
+
+def test_usage_counts_the_prompt_tokens_the_prefix_cache_served(client, world):
+    alice = world["alice"]
+    admin_key = ApiKey.objects.get(prefix=alice.admin_prefix)
+    for cached in (0, 96):
+        UsageRecord.objects.create(
+            request_id=f"cmpl-{uuid.uuid4().hex}", tenant=alice.tenant, api_key=admin_key, model="tiny-gemma4",
+            prompt_tokens=128, cached_tokens=cached, completion_tokens=8, total_ms=100,
+            finished_at=LAST_MONTH.start + dt.timedelta(hours=2),
+        )  # fmt: skip
+    rollup_refresh(since=LAST_MONTH.start)
+    url = f"{BASE}/tenants/alice/usage/?period={LAST_MONTH.id}&granularity=hour&model=tiny-gemma4"
+    response = call(client, "GET", url, alice.admin_key)
+    assert response.status_code == 200, response.content
+    bucket = next(b for b in response.json()["data"] if b["requests"] == 2)
+    assert (bucket["prompt_tokens"], bucket["cached_tokens"]) == (256, 96)
+
+
+def test_a_plan_prices_cached_input_tokens_of_its_own_or_at_the_input_price(client, world, operator_token):
+    created = call(client, "POST", f"{BASE}/plans/", operator_token,
+                   {"name": "cache-plan", "price_input_per_1m_micros": 200_000})  # fmt: skip
+    assert created.status_code == 201, created.content
+    assert created.json()["price_cached_input_per_1m_micros"] is None  # the input price
+    patched = call(client, "PATCH", f"{BASE}/plans/cache-plan/", operator_token,
+                   {"price_cached_input_per_1m_micros": 50_000})  # fmt: skip
+    assert patched.status_code == 200, patched.content
+    assert patched.json()["price_cached_input_per_1m_micros"] == 50_000
+    refused = call(client, "PATCH", f"{BASE}/plans/cache-plan/", operator_token,
+                   {"price_cached_input_per_1m_micros": -1})  # fmt: skip
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "price_cached_input_per_1m_micros"

@@ -19,3 +19,9 @@ def money(micros, currency: str = "USD") -> str:
 def limit(value) -> str:
     """A limit for display: None is "no limit"."""
     return "no limit" if value is None else f"{int(value):,}"
+
+
+@register.filter
+def percent(ratio) -> str:
+    """A ratio for display as a percentage with one decimal: 0.4567 → "45.7%"; None is "–"."""
+    return "–" if ratio is None else f"{ratio * 100:.1f}%"
