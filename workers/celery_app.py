@@ -15,7 +15,9 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-app = Celery("gemma_platform", include=["workers.tasks", "ledger.tasks", "quotas.tasks", "billing.tasks"])
+app = Celery(
+    "gemma_platform", include=["workers.tasks", "ledger.tasks", "quotas.tasks", "billing.tasks", "gateway.tasks"]
+)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
     task_acks_late=False,
@@ -42,6 +44,7 @@ app.conf.update(
     beat_schedule={
         "ledger-flush": {"task": "ledger.flush", "schedule": 5.0, "options": {"queue": "control", "expires": 30}},
         "quotas-reap": {"task": "quotas.reap", "schedule": 60.0, "options": {"queue": "control", "expires": 60}},
+        "routing-reap": {"task": "routing.reap", "schedule": 60.0, "options": {"queue": "control", "expires": 60}},
         "billing-rollup": {"task": "billing.rollup", "schedule": 60.0, "options": {"queue": "control", "expires": 60}},
         "billing-close-invoices": {
             "task": "billing.close_invoices",

@@ -172,6 +172,17 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 FAIR_SHARE = env_bool("FAIR_SHARE", True)
 FAIR_SHARE_SLOTS_PER_WORKER = env_int("FAIR_SHARE_SLOTS_PER_WORKER", 64, minimum=1)
 FAIR_SHARE_POLL_SECONDS = env_float("FAIR_SHARE_POLL_SECONDS", 0.05)
+# Which worker of a pool runs a request (gateway/routing.py: the decision, its inputs and weights).
+ROUTING_POLICY = env_str("ROUTING_POLICY", "cache_aware")
+if ROUTING_POLICY not in ("cache_aware", "least_loaded", "round_robin", "pool"):
+    raise ConfigError(
+        f"ROUTING_POLICY must be cache_aware, least_loaded, round_robin or pool, not {ROUTING_POLICY!r}"
+    )
+ROUTING_CHUNK_TOKENS = env_int("ROUTING_CHUNK_TOKENS", 32, minimum=1)
+ROUTING_INDEX_CHUNKS = env_int("ROUTING_INDEX_CHUNKS", 65_536, minimum=1)
+ROUTING_PREFILL_WEIGHT = env_float("ROUTING_PREFILL_WEIGHT", 1.0, minimum=0)
+ROUTING_LOAD_WEIGHT = env_float("ROUTING_LOAD_WEIGHT", 1.0, minimum=0)
+ROUTING_ADAPTER_LOAD_TOKENS = env_int("ROUTING_ADAPTER_LOAD_TOKENS", 4096, minimum=0)
 
 # Tenants' LoRA adapters (docs/api.md, "Adapters"): where their files are stored (content-addressed,
 # adapters/store.py), the largest upload and the largest rank (at most the workers' engine

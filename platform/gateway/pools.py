@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from django.conf import settings
 
 from config.redis_client import get_redis
-from workers import protocol
+from contract import protocol
 
 
 @dataclass
@@ -78,7 +78,9 @@ def pool_demand(pool: str) -> PoolDemand:
         waiting=max(0, int(redis.get(protocol.pool_waiting_key(pool)) or 0)),
         in_flight=sum(w.in_flight for w in workers),
         tokens_per_second=round(sum(w.tokens_per_second for w in workers), 2),
-        oldest_queued_wait_seconds=_oldest_queued_wait(queue),
+        oldest_queued_wait_seconds=max(
+            (wait for q in (queue, *own_queues) if (wait := _oldest_queued_wait(q)) is not None), default=None
+        ),
         workers=workers,
     )
 

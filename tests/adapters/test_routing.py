@@ -1,18 +1,18 @@
-"""A request for an adapter goes to a worker that holds it (its own queue), else to the pool's queue;
-what waits in a worker's own queue is the pool's demand too; a worker turns the request's adapter
-into the engine's LoRA request."""
+"""An adapter request no ready worker can run is refused before anything is enqueued (the choice
+among those that can: tests/gateway/test_routing.py); what waits in a worker's own queue is the
+pool's demand too; a worker turns the request's adapter into the engine's LoRA request."""
 
 import time
 
 import pytest
 
 from adapters.store import FilesystemStore, adapter_digest
-from gateway import dispatch, routing
+from contract import protocol
+from contract.protocol import RequestInput
+from gateway import dispatch, lifecycle
 from gateway.pools import pool_demand
-from workers import protocol
 from workers.adapters import AdapterResolver, AdapterUnavailable, held_field
 from workers.engine import RequestRejected
-from workers.protocol import RequestInput
 
 POOL = "tiny"
 
@@ -30,33 +30,6 @@ def _worker(redis_client, name: str, *, adapters: set[int], in_flight=0, slots=4
     redis_client.hset(protocol.worker_key(name), mapping=record)
 
 
-def test_a_request_goes_to_the_least_busy_ready_worker_holding_its_adapter(redis_client):
-    _worker(redis_client, "w1#a", adapters={5, 7}, in_flight=3)
-    _worker(redis_client, "w2#b", adapters={5}, in_flight=1)
-    _worker(redis_client, "w3#c", adapters={9}, in_flight=0)
-    _worker(redis_client, "w4#d", adapters={5}, in_flight=0, state="draining")
-    assert routing._adapter_holder(_request(5), POOL) == "w2#b"
-    assert routing._adapter_holder(_request(7), POOL) == "w1#a"
-
-
-def test_without_a_holder_with_a_free_slot_the_pools_queue_takes_it(redis_client):
-    _worker(redis_client, "w1#a", adapters={5}, in_flight=4, slots=4)
-    assert routing._adapter_holder(_request(5), POOL) is None  # its only holder is full
-    assert routing._adapter_holder(_request(6), POOL) is None  # held by none
-    assert routing._adapter_holder(_request(0), POOL) is None  # the base model
-
-
-def test_in_a_pool_where_some_workers_run_no_lora_a_request_goes_to_one_that_does(redis_client):
-    _worker(redis_client, "plain#a", adapters=set(), lora=False)  # the least busy, but it would refuse
-    _worker(redis_client, "lora1#b", adapters={5}, in_flight=4, slots=4)  # holds it, no free slot
-    _worker(redis_client, "lora2#c", adapters=set(), in_flight=3, slots=4)
-    _worker(redis_client, "lora3#d", adapters=set(), in_flight=1, slots=4)
-    _worker(redis_client, "lora4#e", adapters=set(), in_flight=0, slots=4, state="draining")
-    assert routing._adapter_holder(_request(5), POOL) == "lora3#d"
-    assert routing._adapter_holder(_request(6), POOL) == "lora3#d"
-    assert routing._adapter_holder(_request(0), POOL) is None  # base requests: any worker
-
-
 def test_when_no_ready_worker_runs_lora_an_adapter_request_is_a_503_and_nothing_is_enqueued(redis_client):
     from catalog.models import ServedModel
     from gateway.errors import ServiceUnavailable
@@ -66,7 +39,7 @@ def test_when_no_ready_worker_runs_lora_an_adapter_request_is_a_503_and_nothing_
     model = ServedModel(model_id="tiny-gemma4", path="/m", pool=POOL, context_length=2048)
     request = _request(5, "ab" * 32)
     with pytest.raises(ServiceUnavailable) as refused:
-        dispatch.enqueue(request, model)
+        lifecycle.route(request, model)  # the step before the enqueue
     assert (refused.value.status, refused.value.code) == (503, "adapters_unavailable")
     assert refused.value.headers["Retry-After"] and "tiny-gemma4" in refused.value.message
     assert not redis_client.exists(protocol.input_key(request.request_id))
