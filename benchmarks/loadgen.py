@@ -124,6 +124,7 @@ def apply_event(result: RequestResult, data: str, now: float) -> bool:
     if usage:
         result.completion_tokens = int(usage.get("completion_tokens") or 0)
         result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        result.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
     return False
 
 

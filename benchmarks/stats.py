@@ -42,6 +42,7 @@ class RequestResult:
     chunk_times: list[float] = field(default_factory=list)  # arrival of each chunk with completion text
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine served from its prefix cache (usage's details)
     error: str | None = None
     request_id: str | None = None  # the response's X-Request-Id (the platform's ledger row has it)
     headers_at: float | None = None  # when the response headers came (the platform sends them once admitted)
