@@ -18,9 +18,10 @@ from django.http import Http404
 from django.utils import timezone
 
 from billing.models import Invoice, UsageRollup
-from billing.selectors import usage_totals
+from billing.selectors import cache_hit_rates, usage_totals
 from catalog.models import ServedModel
 from config.redis_client import get_redis
+from contract.protocol import Usage
 from core.periods import Period, truncate
 from gateway.pools import PoolDemand, pool_demand
 from ledger.models import UsageRecord
@@ -30,7 +31,6 @@ from quotas.limits import limits_for
 from quotas.models import KeyQuota, LimitFields, Plan, TenantQuota
 from quotas.refusals import refusals_recent
 from tenants.models import ApiKey, Tenant
-from workers.protocol import Usage
 
 FAILED_STATUSES = (UsageRecord.Status.ERROR, UsageRecord.Status.WORKER_LOST)
 OVERVIEW_WINDOW = dt.timedelta(minutes=5)
@@ -211,7 +211,28 @@ def usage_by_model(*, tenant: Tenant | None, period: UsageWindow, now: dt.dateti
         row.update(percentiles.get(row["model"], {}))
         row["failure_rate"] = (row["failed_requests"] or 0) / row["requests"] if row["requests"] else 0.0
         row["decode_mean"] = row["decode_tokens"] * 1000 / row["decode_ms"] if row["decode_ms"] else None
+        row["hit_rate"] = _hit_rate(row["cached_tokens"], row["prompt_tokens"])
     return rows
+
+
+def _hit_rate(cached_tokens: int | None, prompt_tokens: int | None) -> float | None:
+    return (cached_tokens or 0) / prompt_tokens if prompt_tokens else None
+
+
+def usage_hit_rate(by_model: list[dict]) -> float | None:
+    """The prefix-cache hit rate (cached prompt tokens / prompt tokens) of `usage_by_model`'s rows together."""
+    cached = sum(row["cached_tokens"] or 0 for row in by_model)
+    return _hit_rate(cached, sum(row["prompt_tokens"] or 0 for row in by_model))
+
+
+def cache_hits(*, tenant: Tenant | None, period: UsageWindow, now: dt.datetime | None = None) -> dict[str, list]:
+    """Prefix-cache hit rates over the period (at most the percentiles' window: a ledger scan), per pool,
+    and on the platform-wide page per worker and per tenant too (a tenant's page names no worker)."""
+    now = now or timezone.now()
+    since = max(period.starts(now)[0], now - _percentile_window(tenant))
+    groups = ("pool",) if tenant is not None else ("pool", "worker", "tenant")
+    tenant_id = tenant.id if tenant is not None else None
+    return {by: cache_hit_rates(by=by, start=since, tenant_id=tenant_id) for by in groups}
 
 
 def percentile_window_label(period: UsageWindow, *, tenant: Tenant | None) -> str:

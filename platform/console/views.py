@@ -212,13 +212,16 @@ def _usage_page(request, *, tenant):
     period = selectors.period_get(cleaned.get("period"))
     model = cleaned.get("model", "")
     series = selectors.usage_series(tenant=tenant, period=period, model=model)
+    by_model = selectors.usage_by_model(tenant=tenant, period=period)
     context = {
         "form": form,
         "period": period,
         "model": model,
         "series": series,
         "chart_data": series.chart_data(),
-        "by_model": selectors.usage_by_model(tenant=tenant, period=period),
+        "by_model": by_model,
+        "hit_rate": selectors.usage_hit_rate(by_model),
+        "cache_hits": selectors.cache_hits(tenant=tenant, period=period),
         "percentile_note": selectors.percentile_window_label(period, tenant=tenant),
     }
     if tenant is None:

@@ -91,7 +91,8 @@ def test_without_a_cached_price_cached_input_tokens_cost_the_input_price(alice):
 
     invoice = invoice_build(tenant=tenant, period=LAST_MONTH)
 
-    input_micros = sum(line.amount_micros for line in invoice.lines.filter(kind__in=["input_tokens", "cached_input_tokens"]))
+    input_lines = invoice.lines.filter(kind__in=["input_tokens", "cached_input_tokens"])
+    input_micros = sum(line.amount_micros for line in input_lines)
     assert input_micros == 200_000 + 200
     # No prefix-cache hits on the adapter: no cached line for it.
     assert list(invoice.lines.filter(kind="cached_input_tokens").values_list("model", flat=True)) == ["tiny-gemma4"]
