@@ -90,14 +90,39 @@ class Fleet:
     queue_timeout_seconds: int = 600  # config.queueTimeoutSeconds in values-a10g.yaml
     operator_interval_seconds: int = 15  # POOLSCALER_INTERVAL_SECONDS default
     utilisation_target: float = 0.7  # streams per replica the static fleet and the operator aim at
+    # Prompts: mean tokens per request (0: prefill left out, the decode rate alone), of which the
+    # share served from the engine's prefix cache (what a cache-aware dispatch raises: a tenant's
+    # system prompt and a chat's history are not prefilled again), and a replica's prefill rate
+    # (an estimate: E4B's ~9 GFLOP per token at ~35 TFLOP/s, half an A10G's bf16 peak).
+    prompt_tokens: int = 0
+    cached_prompt_share: float = 0.0
+    prefill_tokens_per_second: float = 4000.0
+
+    @property
+    def prefill_seconds(self) -> float:
+        """What the prefills add to a stream's life: the engine's time goes to the prompts of the
+        requests that arrive while the stream runs (at the target's streams, each of their uncached
+        prompt tokens at the prefill rate), and the stream's decode waits for them."""
+        uncached = self.prompt_tokens * (1.0 - self.cached_prompt_share)
+        return self.utilisation_target * self.concurrency * uncached / self.prefill_tokens_per_second
+
+    @property
+    def output_share(self) -> float:
+        """The share of a stream's life spent decoding (1 without prefill)."""
+        decode = self.mean_tokens / self.stream_tokens_per_second
+        return decode / (decode + self.prefill_seconds)
 
     @property
     def replica_tokens_per_second(self) -> float:
-        return self.concurrency * self.stream_tokens_per_second
+        """A replica's output tokens/s at full batch: its plateau."""
+        return self.concurrency * self.stream_tokens_per_second * self.output_share
 
     @property
     def service_steps(self) -> np.ndarray:
-        return np.array([max(1, math.ceil(tokens / self.stream_tokens_per_second)) for tokens, _ in self.token_mix])
+        return np.array([
+            max(1, math.ceil(tokens / self.stream_tokens_per_second + self.prefill_seconds))
+            for tokens, _ in self.token_mix
+        ])  # fmt: skip
 
     @property
     def service_shares(self) -> np.ndarray:
@@ -123,8 +148,19 @@ class PoolProfile:
     spec: scaling.PoolSpec
 
 
-# targetTokensPerSecondPerReplica of values-a10g.yaml's interactive pool (~1/3 of the modelled plateau).
-VALUES_A10G_TOKENS_TARGET = 1500.0
+VALUES_A10G = ROOT / "helm" / "gemma-platform" / "values-a10g.yaml"
+
+
+def shipped_tokens_target(path: Path = VALUES_A10G) -> float:
+    """targetTokensPerSecondPerReplica of the chart's A10G values' interactive pool (the first pool)."""
+    import yaml
+
+    values = yaml.safe_load(path.read_text())
+    return float(values["pools"][0]["autoscaling"]["targetTokensPerSecondPerReplica"])
+
+
+# What the chart ships; the simulation's interactive pools run with it.
+VALUES_A10G_TOKENS_TARGET = shipped_tokens_target()
 
 
 def default_pools(count: int, fleet: Fleet, rng: np.random.Generator) -> list[PoolProfile]:
@@ -668,7 +704,8 @@ class Simulation:
             for steps, share_k in self.service_classes:
                 self.completions[:, :, (now + steps) % self.horizon] += started * share_k
         streams = self.inflight.sum(axis=1)
-        self.tokens_per_second += (streams * fleet.stream_tokens_per_second - self.tokens_per_second) / 30.0
+        rate = fleet.stream_tokens_per_second * fleet.output_share  # output tokens/s of a stream
+        self.tokens_per_second += (streams * rate - self.tokens_per_second) / 30.0
         return streams
 
     def summary(self) -> dict:
@@ -721,12 +758,13 @@ def simulate(
     if sum(static) > fleet.max_nodes:
         raise SystemExit(f"the static fleet needs {sum(static)} nodes, more than --max-nodes {fleet.max_nodes}")
     results, timelines = [], {}
-    policies = (
-        StaticPolicy(static),
-        OperatorPolicy(profiles),
-        OperatorPolicy(profiles, tokens_target=fleet.replica_tokens_per_second * fleet.utilisation_target),
-        QueueLengthPolicy(profiles),
-    )
+    # The chart's target, and 70% of this fleet's plateau where that differs (a prompt mix or a
+    # cache share other than the one the chart's figure comes from).
+    derived = round(fleet.replica_tokens_per_second * fleet.utilisation_target)
+    operators = [OperatorPolicy(profiles)]
+    if derived != round(VALUES_A10G_TOKENS_TARGET):
+        operators.append(OperatorPolicy(profiles, tokens_target=derived))
+    policies = (StaticPolicy(static), *operators, QueueLengthPolicy(profiles))
     for policy in policies:
         sim = Simulation(profiles, arrivals, fleet, policy, initial=static, warmup=warmup)
         results.append(sim.run())
@@ -810,10 +848,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--max-nodes", type=int, default=200)
+    parser.add_argument("--prompt-tokens", type=int, default=0, help="mean prompt tokens per request (0: no prefill)")
+    parser.add_argument("--cached-share", type=float, default=0.0,
+                        help="share of prompt tokens served from the prefix cache (cache-aware dispatch)")  # fmt: skip
+    parser.add_argument("--prefill-rate", type=float, default=Fleet.prefill_tokens_per_second,
+                        help="a replica's prefill tokens/s")  # fmt: skip
     parser.add_argument("--plot", type=Path, help="write a PNG of nodes over time (needs matplotlib)")
     parser.add_argument("--json", type=Path, help="write the results (without timelines) as JSON")
     args = parser.parse_args(argv)
-    report = simulate(pools=args.pools, hours=args.hours, seed=args.seed, fleet=Fleet(max_nodes=args.max_nodes))
+    if not 0.0 <= args.cached_share <= 1.0:
+        parser.error("--cached-share must be within 0..1")
+    fleet = Fleet(max_nodes=args.max_nodes, prompt_tokens=args.prompt_tokens, cached_prompt_share=args.cached_share,
+                  prefill_tokens_per_second=args.prefill_rate)  # fmt: skip
+    report = simulate(pools=args.pools, hours=args.hours, seed=args.seed, fleet=fleet)
+    print(f"a replica's plateau: {fleet.replica_tokens_per_second:,.0f} output tok/s (prefill "
+          f"{fleet.prefill_seconds:.2f} s per stream); the chart ships {VALUES_A10G_TOKENS_TARGET:,.0f}")  # fmt: skip
     print(table(report))
     print(f"static replicas per pool: {report['static_replicas']} (sum {sum(report['static_replicas'])})")
     spares = {r["policy"]: r["spare_gpu_hours"] for r in report["results"] if r["spare_gpu_hours"]}

@@ -22,7 +22,8 @@ def test_it_drives_the_operators_own_decision_module():
 
 def test_every_policy_runs_on_the_same_trace_and_reports_its_figures(report):
     names = [result["policy"] for result in report["results"]]
-    assert names[0] == "static" and names[-1] == "queue" and sum(n.startswith("operator") for n in names) == 2
+    # The chart's target alone: the default fleet's derived target is the one the chart ships.
+    assert names[0] == "static" and names[-1] == "queue" and sum(n.startswith("operator") for n in names) == 1
     requests = {result["requests"] for result in report["results"]}
     assert len(requests) == 1 and requests.pop() > 0
     for result in report["results"]:
@@ -122,3 +123,31 @@ def test_only_the_operator_keeps_warm_spares_and_they_count_in_its_gpu_hours(rep
     for name, hours in spares.items():
         if name.startswith("operator"):
             assert 0 < hours < next(r["gpu_hours"] for r in report["results"] if r["policy"] == name)
+
+
+def test_the_simulated_operator_runs_the_target_the_chart_ships_which_is_70_percent_of_the_plateau():
+    target = fleet_sim.shipped_tokens_target()
+    assert target == fleet_sim.VALUES_A10G_TOKENS_TARGET
+    assert target == pytest.approx(fleet_sim.Fleet().replica_tokens_per_second * fleet_sim.Fleet().utilisation_target)
+    assert fleet_sim.OperatorPolicy([]).name == f"operator ({target:,.0f} tok/s)"
+
+
+def test_prompts_served_from_the_prefix_cache_shorten_streams_and_raise_the_plateau():
+    decode_only = fleet_sim.Fleet()
+    uncached = fleet_sim.Fleet(prompt_tokens=1000)
+    cached = fleet_sim.Fleet(prompt_tokens=1000, cached_prompt_share=0.8)
+    assert decode_only.prefill_seconds == 0 and decode_only.output_share == 1
+    # 0.7 x 64 streams x 1,000 tokens at 4,000 tok/s: 11.2 s of others' prefills in a stream's life.
+    assert uncached.prefill_seconds == pytest.approx(11.2)
+    assert cached.prefill_seconds == pytest.approx(11.2 * 0.2)
+    assert (uncached.service_steps > cached.service_steps).all()
+    assert (cached.service_steps > decode_only.service_steps).all()
+    assert uncached.replica_tokens_per_second < cached.replica_tokens_per_second < decode_only.replica_tokens_per_second
+
+
+def test_a_fleet_with_another_plateau_also_runs_the_operator_at_70_percent_of_it():
+    fleet = fleet_sim.Fleet(prompt_tokens=1000)
+    report = fleet_sim.simulate(pools=3, hours=0.5, seed=2, warmup_hours=0.1, fleet=fleet)
+    names = [result["policy"] for result in report["results"]]
+    derived = round(fleet.replica_tokens_per_second * fleet.utilisation_target)
+    assert f"operator ({derived:,} tok/s)" in names
