@@ -5,8 +5,9 @@ This module is all a web process imports to send tasks. Worker processes load ``
 
 Queues: `pool.<pool>` per model pool (inference, consumed by GPU workers) and `control`
 (bookkeeping such as the periodic ledger flush). Interactive inference runs at most once:
-tasks are acknowledged on receipt (acks_late off), so a lost worker's request is never replayed;
-the gateway notices the worker is gone and ends the stream with an error instead.
+tasks are acknowledged on receipt (acks_late off), so a lost worker's request is never replayed by
+Celery; the gateway notices the worker is gone and continues the request on another worker from
+the tokens its client already has (gateway/dispatch.py).
 """
 
 import os

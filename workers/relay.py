@@ -4,7 +4,7 @@ Each request's outputs arrive on the engine's event loop (``EngineHost.submit`` 
 ``RelayedRequest``, which only appends to its buffer). One flusher coroutine turns what all the
 requests produced since its last pass into a single pipelined MULTI/EXEC: the start, delta, error
 and done entries of every request it touched, the done entries' usage in ``ledger:pending`` and the
-settle of their quota reservations (quotas/scripts.py). So the relay's cost is one Redis round trip
+settle of their quota reservations (contract/settle.py). So the relay's cost is one Redis round trip
 per flush, whatever the number of requests, and no thread wakes up per request or per token: the
 Celery task that handed a request over holds its slot, but no thread, until the done entry is
 written (workers/requestpool.py; it stays the unit of dispatch, acknowledgement and drain).
@@ -36,15 +36,15 @@ import redis
 import redis.asyncio
 from redis.exceptions import NoScriptError
 
-from config.redis_client import REDIS_UNAVAILABLE, through_outage
-from quotas.scripts import settle_pending_call
-from workers import protocol
+from contract import protocol
+from contract.outage import REDIS_UNAVAILABLE, through_outage
+from contract.protocol import RequestInput, Usage
+from contract.settle import settle_pending_call
 from workers.adapters import AdapterResolver
 from workers.choices import Choice, compact_logprobs
 from workers.claims import ClaimBatcher
 from workers.engine import EngineHost, RequestRejected
 from workers.images import decode_images
-from workers.protocol import RequestInput, Usage
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ class RelayedRequest:
 
     def __init__(self, request: RequestInput, usage: Usage, relay: EventRelay) -> None:
         self.request, self.usage, self.relay = request, usage, relay
-        self.rid = request.request_id
+        self.rid = request.request_id  # the request's: its usage, ledger row and reader lease
+        self.aid = protocol.attempt_id(request)  # this attempt's: its events, cancel key, engine request
         self.abandoned = False  # OutputSink: the relay never stops reading a request itself
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self.engine_request: concurrent.futures.Future | None = None
@@ -83,10 +84,15 @@ class RelayedRequest:
         self.error: BaseException | None = None
         self.entry_count = 0
         self.reader_seen = False  # its gateway's lease was seen: a lapse then means no one reads it
+        # The new token ids of its one choice not yet written, which a continuation would append to
+        # its prompt should this worker be lost (None for n > 1: such a request is not continued).
+        self.token_ids: list[int] | None = [] if self.n == 1 else None
 
     # -- from the engine ------------------------------------------------------------------
-    def prefilled(self, prompt_tokens: int) -> None:
-        self.usage.prompt_tokens = prompt_tokens
+    def prefilled(self, prompt_tokens: int, cached_tokens: int = 0) -> None:
+        # A continuation's prompt holds the earlier attempts' completion tokens, billed as completion.
+        self.usage.prompt_tokens = max(0, prompt_tokens - self.request.continued_tokens)
+        self.usage.cached_tokens = min(cached_tokens, self.usage.prompt_tokens)
 
     def push(
         self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None, index: int = 0,
@@ -100,6 +106,8 @@ class RelayedRequest:
                 self.first_token_at = time.monotonic()
             choice.tokens += len(token_ids)
             self.usage.completion_tokens += len(token_ids)
+            if self.token_ids is not None:
+                self.token_ids.extend(token_ids)
             if self.top_logprobs is not None and logprobs:
                 entries = compact_logprobs(logprobs, token_ids, self.top_logprobs)
                 choice.logprobs = (choice.logprobs or []) + entries
@@ -141,7 +149,7 @@ class RelayedRequest:
             return entries
         if self.start_pending:
             self.start_pending = False
-            entries.append(self._entry({"t": "start", "w": self.usage.worker}))
+            entries.append(self._entry({"t": "start", "w": self.relay.worker}))
         ends = [self._finish(choice) for choice in self.choices] if self.finished else []
         for choice in self.choices:
             if choice.pending():
@@ -161,6 +169,9 @@ class RelayedRequest:
         fields = {"t": "delta", "x": text, "n": choice.tokens}
         if self.n > 1:
             fields["i"] = choice.index
+        if self.token_ids:
+            fields["k"] = ",".join(map(str, self.token_ids))
+            self.token_ids = []
         if choice.logprobs:
             fields["l"] = json.dumps(choice.logprobs, separators=(",", ":"))
         self.text_sent = self.text_sent or bool(text)
@@ -265,11 +276,12 @@ class EventRelay:
             key_id=request.key_id,
             model=request.model,
             prompt_tokens=request.prompt_tokens,  # then as the engine counts it (``prefilled``)
+            completion_tokens=request.continued_tokens,
             queue_ms=max(0, int((time.time() - request.enqueued_at) * 1000)),
-            worker=self.worker,
+            worker=",".join(filter(None, (request.earlier_workers, self.worker))),
         )
         job = RelayedRequest(request, usage, self)
-        self._active[job.rid] = job
+        self._active[job.aid] = job
         self.mark(job, urgent=False)  # its start entry
         params = dict(request.params, cache_salt=request.cache_salt) if request.cache_salt else request.params
         try:
@@ -279,7 +291,7 @@ class EventRelay:
             lora = await self.adapters.lora_request(request, self.engine) if request.adapter_id else None
             images = await asyncio.to_thread(decode_images, request.images) if request.images else None
             job.engine_request = self.engine.submit(
-                job.rid, request.prompt_token_ids, params, job, lora_request=lora, multi_modal_data=images
+                job.aid, request.prompt_token_ids, params, job, lora_request=lora, multi_modal_data=images
             )
         except Exception as exc:  # refused parameters, an engine not ready: the stream still ends
             log.warning("request %s refused by the engine: %s", job.rid, exc)
@@ -289,10 +301,10 @@ class EventRelay:
     def mark(self, job: RelayedRequest, *, urgent: bool) -> None:
         """``job`` has something to write; ``urgent`` writes it now instead of at the next interval."""
         assert self._wake is not None and self._urgent is not None, "the relay is not started"
-        self._dirty[job.rid] = job
+        self._dirty[job.aid] = job
         self._wake.set()
         if urgent:
-            self._urgent_jobs[job.rid] = job
+            self._urgent_jobs[job.aid] = job
             self._urgent.set()
 
     def interval(self) -> float:
@@ -328,7 +340,7 @@ class EventRelay:
         else:
             batch, self._urgent_jobs = list(self._urgent_jobs.values()), {}
             for job in batch:
-                del self._dirty[job.rid]
+                del self._dirty[job.aid]
         if not self._dirty:
             self._wake.clear()
         return batch
@@ -393,7 +405,7 @@ class EventRelay:
 
     def _release(self, jobs: list[RelayedRequest], error: BaseException | None = None) -> None:
         for job in jobs:
-            self._active.pop(job.rid, None)
+            self._active.pop(job.aid, None)
             if job.done.done():
                 continue
             if error is None:
@@ -408,7 +420,7 @@ class EventRelay:
             running = [job for job in self._active.values() if not job.finished]
             if not running:
                 continue
-            keys = [protocol.cancel_key(job.rid) for job in running] + [protocol.reader_key(job.rid) for job in running]
+            keys = [protocol.cancel_key(job.aid) for job in running] + [protocol.reader_key(job.rid) for job in running]
             try:
                 flags = await self.client.mget(keys)
             except REDIS_UNAVAILABLE:
@@ -433,7 +445,7 @@ class EventRelay:
 
 
 def _queue_writes(pipe, job: RelayedRequest, entries: list[Entry]) -> None:
-    key = protocol.events_key(job.rid)
+    key = protocol.events_key(job.aid)
     for entry_id, fields in entries:
         pipe.xadd(key, fields, id=entry_id)
         if fields["t"] == "start":

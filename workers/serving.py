@@ -17,11 +17,10 @@ import redis
 from celery.concurrency import thread as thread_pool
 from celery.signals import celeryd_after_setup, worker_init, worker_ready, worker_shutting_down
 from celery.worker import state as worker_state
-from django.conf import settings
 
-from config.env import env_float, env_int
-from config.heap import freeze_startup_heap
-from workers import protocol
+from contract import protocol
+from contract.env import env_float, env_int, env_str, redis_url_checked
+from contract.heap import freeze_startup_heap
 from workers.adapters import held_field
 from workers.broker import take_waves
 from workers.celery_app import app
@@ -75,11 +74,16 @@ def engine_stream_interval() -> int:
     return env_int("WORKER_ENGINE_STREAM_INTERVAL", 8, minimum=1)
 
 
+def _redis_url() -> str:
+    """REDIS_URL, required and checked as the control plane's settings check it (config/settings.py)."""
+    return redis_url_checked(env_str("REDIS_URL"))
+
+
 def _worker_redis() -> redis.Redis:
     """The worker's synchronous client: a bounded pool whose callers wait for a connection (never
     "Too many connections")."""
     pool = redis.BlockingConnectionPool.from_url(
-        settings.REDIS_URL,
+        _redis_url(),
         decode_responses=True,
         health_check_interval=30,
         max_connections=REDIS_CONNECTIONS,
@@ -116,7 +120,7 @@ class WorkerRuntime:
         )
         self.relay = EventRelay(
             self.engine,
-            relay_client(settings.REDIS_URL),
+            relay_client(_redis_url()),
             worker=self.name,
             flush_interval=_flush_interval_seconds(),
             flush_events_per_second=_flush_events_per_second(),
@@ -187,6 +191,7 @@ class WorkerRuntime:
                 "tps": self._tokens_per_second(),
                 "lora": int(bool(self.engine.engine_args.get("enable_lora"))),
                 "adapters": self._held_adapters(),
+                "kv_tokens": self.engine.kv_cache_tokens(),
                 "updated": now,
             },
         )
@@ -335,7 +340,7 @@ def _take_waves_of_tasks(sender, **kwargs) -> None:
 @worker_ready.connect
 def _freeze_startup_heap(sender, **kwargs) -> None:
     """Once the engine and the task threads are up: keep what they allocated out of the garbage
-    collector's full passes, which would stop the engine's loop (config/heap.py)."""
+    collector's full passes, which would stop the engine's loop (contract/heap.py)."""
     log.info("worker %s: froze %d start-up objects", sender.hostname, freeze_startup_heap())
 
 

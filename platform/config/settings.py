@@ -3,11 +3,10 @@
 Required: SECRET_KEY, DATABASE_URL, REDIS_URL. Every variable also accepts a `<NAME>_FILE` variant.
 """
 
-import tempfile
 from pathlib import Path
-from urllib.parse import urlparse
 
-from config.env import (
+from contract.adapter_store import store_config
+from contract.env import (
     ConfigError,
     database_from_url,
     env_bool,
@@ -183,30 +182,17 @@ ROUTING_INDEX_CHUNKS = env_int("ROUTING_INDEX_CHUNKS", 65_536, minimum=1)
 ROUTING_PREFILL_WEIGHT = env_float("ROUTING_PREFILL_WEIGHT", 1.0, minimum=0)
 ROUTING_LOAD_WEIGHT = env_float("ROUTING_LOAD_WEIGHT", 1.0, minimum=0)
 ROUTING_ADAPTER_LOAD_TOKENS = env_int("ROUTING_ADAPTER_LOAD_TOKENS", 4096, minimum=0)
+# How many times a request whose worker is lost continues on another worker of its pool before it
+# ends with `worker_lost` (gateway/dispatch.py `_continue`); 0: never.
+MAX_CONTINUATIONS = env_int("MAX_CONTINUATIONS", 2, minimum=0)
 
 # Tenants' LoRA adapters (docs/api.md, "Adapters"): where their files are stored (content-addressed,
-# adapters/store.py), the largest upload and the largest rank (at most the workers' engine
+# contract/adapter_store.py), the largest upload and the largest rank (at most the workers' engine
 # max_lora_rank, workers/profiles.py).
 # ADAPTER_STORE_URL=s3://bucket/prefix puts them in an S3-compatible bucket (MinIO in docker-compose
 # and the chart) that every web and worker process reaches, downloaded into ADAPTER_CACHE_DIR where
 # used; unset, they live in ADAPTER_STORE_DIR, a directory every process must share (`make up`).
-ADAPTER_STORE_DIR = Path(env_str("ADAPTER_STORE_DIR", str(REPO_DIR / ".run" / "adapters")))
-ADAPTER_STORE_URL = env_str("ADAPTER_STORE_URL", "")
-ADAPTER_S3_ENDPOINT_URL = env_str("ADAPTER_S3_ENDPOINT_URL", "")
-ADAPTER_S3_ACCESS_KEY_ID = env_str("ADAPTER_S3_ACCESS_KEY_ID", "")
-ADAPTER_S3_SECRET_ACCESS_KEY = env_str("ADAPTER_S3_SECRET_ACCESS_KEY", "")
-ADAPTER_S3_REGION = env_str("ADAPTER_S3_REGION", "us-east-1")
-ADAPTER_CACHE_DIR = Path(env_str("ADAPTER_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gemma-adapter-cache")))
-if ADAPTER_STORE_URL:
-    _store_url = urlparse(ADAPTER_STORE_URL)
-    if _store_url.scheme != "s3" or not _store_url.netloc:
-        raise ConfigError(f"ADAPTER_STORE_URL must be s3://bucket[/prefix], got {ADAPTER_STORE_URL!r}")
-    if ADAPTER_S3_ENDPOINT_URL and urlparse(ADAPTER_S3_ENDPOINT_URL).scheme not in ("http", "https"):
-        raise ConfigError(f"ADAPTER_S3_ENDPOINT_URL must be an http(s):// URL, got {ADAPTER_S3_ENDPOINT_URL!r}")
-    if not (ADAPTER_S3_ACCESS_KEY_ID and ADAPTER_S3_SECRET_ACCESS_KEY):
-        raise ConfigError(
-            "ADAPTER_STORE_URL is an S3 bucket: set ADAPTER_S3_ACCESS_KEY_ID and ADAPTER_S3_SECRET_ACCESS_KEY"
-        )
+store_config()  # checked at start: a bad ADAPTER_STORE_* variable stops the process here
 ADAPTER_MAX_BYTES = env_int("ADAPTER_MAX_BYTES", 64 * 1024 * 1024, minimum=1024)
 ADAPTER_MAX_RANK = env_int("ADAPTER_MAX_RANK", 16, minimum=1)
 
