@@ -35,10 +35,10 @@ only), `round_robin` (the candidates in turn), `pool` (the pool's shared queue: 
 the task first, with adapter requests still sent to a holder). The last three exist to measure
 against (benchmarks/fleet.py).
 
-Memory: a chunk costs its index about ROUTE_INDEX_BYTES_PER_CHUNK bytes of Redis (a 16-character
-member and its score in a sorted set), so a worker's index is at most its cap times that: the
-default cap of 65,536 chunks is about 6 MiB a worker. Indexes of workers that stopped heartbeating
-expire (ROUTE_INDEX_TTL_SECONDS after their last write) and are deleted by `routing_reap`.
+Memory: a chunk costs its index about 120 bytes of Redis (a 16-character member and its score in a
+sorted set; MEMORY USAGE, `python -m benchmarks.routing_cost`), so the default cap of 65,536 chunks
+is about 8 MiB a worker. Indexes of workers that stopped heartbeating expire
+(ROUTE_INDEX_TTL_SECONDS after their last write) and are deleted sooner by `routing_reap`.
 """
 
 from __future__ import annotations
@@ -53,14 +53,13 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from catalog.readiness import heartbeat_cutoff
-from config.redis_client import REDIS_UNAVAILABLE, get_async_redis, get_redis
+from config.redis_client import get_async_redis, get_redis
 from contract import protocol
+from contract.outage import REDIS_UNAVAILABLE
 from contract.protocol import RequestInput
 from gateway.errors import ServiceUnavailable
 
 POLICIES = ("cache_aware", "least_loaded", "round_robin", "pool")
-# Measured with MEMORY USAGE on a sorted set of 100,000 chunks (benchmarks/fleet.py --decision).
-ROUTE_INDEX_BYTES_PER_CHUNK = 96
 ROUTE_INDEX_TTL_SECONDS = 3600
 # An open request the gateway never released (its web process died) stops counting as load after this.
 OPEN_REQUEST_MAX_SECONDS = 3600
@@ -90,12 +89,12 @@ class Route:
 def prompt_chunks(request: RequestInput, chunk_tokens: int | None = None) -> list[str]:
     """The chained hashes of the prompt's full chunks (hex, 8 bytes each), seeded with the tenant's
     cache salt and the adapter: equal prompts of one tenant and adapter give equal chains."""
-    size = chunk_tokens or settings.ROUTING_CHUNK_TOKENS
-    ids = request.prompt_token_ids
+    ids = array("q", request.prompt_token_ids).tobytes()  # the whole prompt converted once
+    width = 8 * (chunk_tokens or settings.ROUTING_CHUNK_TOKENS)
     digest = f"{request.cache_salt}|{request.adapter_id}".encode()
     chunks = []
-    for start in range(0, len(ids) - len(ids) % size, size):
-        digest = hashlib.blake2b(digest + array("l", ids[start : start + size]).tobytes(), digest_size=8).digest()
+    for start in range(0, len(ids) - len(ids) % width, width):
+        digest = hashlib.blake2b(digest + ids[start : start + width], digest_size=8).digest()
         chunks.append(digest.hex())
     return chunks
 
