@@ -210,8 +210,10 @@ class WorkerRuntime:
 
     @property
     def queues(self) -> list[str]:
-        """The pool's queue and this process's own (requests for an adapter it holds)."""
-        return [protocol.queue_name(self.pool), protocol.worker_queue_name(self.name)]
+        """The queues a drain stops consuming: the pool's. The worker's own queue (the requests the
+        gateway's route step sent to it) is consumed to the end: the route step sends nothing to a
+        draining worker, and what it sent before it saw the drain is this worker's to run."""
+        return [protocol.queue_name(self.pool)]
 
     def _follow_drain_request(self) -> None:
         """Stop (or resume) consuming when the operator asks this pod to drain (or cancels it)."""
