@@ -92,12 +92,12 @@ class OutputSink(Protocol):
     after an error, a cancellation, a shutdown, or (a no-op then) after the finished output. Neither
     may block: they run between the engine's steps. ``abandoned`` set to true stops the request.
     ``prefilled`` gets the prompt's length as the engine prefills it (images expanded into their
-    tokens), once, before the first ``push``.
+    tokens) and how many of those tokens its prefix cache served, once, before the first ``push``.
     """
 
     abandoned: bool
 
-    def prefilled(self, prompt_tokens: int) -> None: ...
+    def prefilled(self, prompt_tokens: int, cached_tokens: int = 0) -> None: ...
 
     def push(
         self,
@@ -174,7 +174,7 @@ class _RequestBuffer:
         self.abandoned = False  # the reader closed the stream
         self.reader_waiting = False  # the reader sleeps until output arrives (not until its deadline)
 
-    def prefilled(self, prompt_tokens: int) -> None:
+    def prefilled(self, prompt_tokens: int, cached_tokens: int = 0) -> None:
         with self.cond:
             self.prompt_tokens = prompt_tokens
 
@@ -635,7 +635,9 @@ class EngineHost:
             async for output in outputs:
                 if not prefilled and output.prompt_token_ids is not None:
                     prefilled = True
-                    sink.prefilled(len(output.prompt_token_ids))
+                    # vLLM counts the cached tokens when it first schedules the request, so the first
+                    # output carries them (None from an engine that does not report them).
+                    sink.prefilled(len(output.prompt_token_ids), output.num_cached_tokens or 0)
                 if widen and output.outputs and output.outputs[0].text:
                     widen = False
                     self._widen_stream_interval(request_id)

@@ -4,7 +4,7 @@ import json
 import secrets
 from dataclasses import dataclass, field
 
-from workers.protocol import Usage
+from contract.protocol import Usage
 
 # The request fields every served model takes (docs/api.md), as OpenRouter lists them per model.
 SUPPORTED_PARAMETERS = [
@@ -29,10 +29,13 @@ def model_entry(model) -> dict:
 
 
 def usage_body(usage: Usage) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: the prompt tokens the engine's
+    prefix cache served (always present, as in OpenAI's replies, so clients need not test for it)."""
     return {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
 
 

@@ -17,14 +17,14 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.dispatch import Signal
 
 from config.redis_client import get_redis
+from contract.protocol import LEDGER_PENDING, Usage
 from ledger.models import UsageRecord
-from workers.protocol import LEDGER_PENDING, Usage
 
 log = logging.getLogger(__name__)
 
 # Usage entries the ledger refused on their own (a key or tenant deleted mid-request), for operators.
 LEDGER_REJECTED = "ledger:rejected"
-# Sent with `usages=` (a list of workers.protocol.Usage) by `ledger_flush` before it
+# Sent with `usages=` (a list of contract.protocol.Usage) by `ledger_flush` before it
 # writes a batch of pending entries: whoever owns what durable usage releases (the quotas' settlement)
 # acts on it before the rows reach PostgreSQL, so it never waits for the database. Receivers must be
 # idempotent: an entry is announced again by every flush until its row is written.
@@ -43,6 +43,7 @@ def usage_record_from(usage: Usage) -> UsageRecord:
         api_key_id=usage.key_id,
         model=usage.model,
         prompt_tokens=usage.prompt_tokens,
+        cached_tokens=usage.cached_tokens,
         completion_tokens=usage.completion_tokens,
         queue_ms=usage.queue_ms,
         ttft_ms=usage.ttft_ms,

@@ -2,8 +2,10 @@
 
 import json
 
+import pytest
+
+from contract.protocol import Usage
 from gateway.formats import ChoiceOutput, ChunkWriter, completion_body
-from workers.protocol import Usage
 
 USAGE = Usage(request_id="r", tenant_id=1, key_id=1, model="m", prompt_tokens=5, completion_tokens=4,
               finish_reason="stop")  # fmt: skip
@@ -62,3 +64,35 @@ def test_completion_logprobs_have_text_offsets_across_chunks():
     assert first == {"tokens": ["a", "b"], "token_logprobs": [-1.0, -2.0], "top_logprobs": [{"a": -1.0}, {"b": -2.0}],
                      "text_offset": [0, 1]}  # fmt: skip
     assert second["text_offset"] == [2] and second["top_logprobs"] == [{"c": -3.0}]
+
+
+CACHED = Usage(request_id="r", tenant_id=1, key_id=1, model="m", prompt_tokens=40, cached_tokens=32,
+               completion_tokens=4, finish_reason="stop")  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_a_reply_reports_its_cached_prompt_tokens_as_openai_does(kind):
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    body = completion_body(kind, "r", 0, "m", [ChoiceOutput(texts=["hi"], finish_reason="stop")], CACHED)
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    parsed = (ChatCompletion if kind == "chat" else Completion).model_validate(body)
+    assert parsed.usage.prompt_tokens_details.cached_tokens == 32 and parsed.usage.total_tokens == 44
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_the_streamed_usage_chunk_reports_the_cached_prompt_tokens(kind):
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletionChunk
+
+    frames = _frames(ChunkWriter(kind, "r", 0, "m", include_usage=True).closing(CACHED))
+    usage_chunk = frames[-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    parsed = (ChatCompletionChunk if kind == "chat" else Completion).model_validate(usage_chunk)
+    assert parsed.usage.prompt_tokens_details.cached_tokens == 32
+
+
+def test_a_reply_without_prefix_cache_hits_reports_zero_cached_tokens():
+    body = completion_body("chat", "r", 0, "m", [ChoiceOutput(texts=["hi"])], USAGE)
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}

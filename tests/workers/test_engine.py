@@ -95,7 +95,7 @@ class _RecordingSink:
         self.token_ids: list[int] = []
         self.ended = threading.Event()
 
-    def prefilled(self, prompt_tokens: int) -> None:
+    def prefilled(self, prompt_tokens: int, cached_tokens: int = 0) -> None:
         pass
 
     def push(self, text, token_ids, finished, finish_reason, index=0, logprobs=None) -> None:

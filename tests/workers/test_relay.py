@@ -7,6 +7,7 @@ a worker with default settings never runs out of Redis connections.
 """
 
 import asyncio
+import dataclasses
 import json
 import os
 import threading
@@ -16,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 
-from workers import protocol
-from workers.protocol import RequestInput, Usage
+from contract import protocol
+from contract.protocol import RequestInput, Usage
 from workers.relay import EventRelay, relay_client
 
 pytestmark = pytest.mark.engine
@@ -293,3 +294,19 @@ def test_a_settle_that_finds_redis_gone_after_the_end_was_written_leaves_it_to_t
 
     usage = _check_stream(_events(redis_client, request.request_id))
     assert Usage.loads(redis_client.hget(protocol.LEDGER_PENDING, request.request_id)) == usage  # for the ledger
+
+
+def test_a_repeated_prompt_reports_the_tokens_the_prefix_cache_served(relay, redis_client):
+    # Longer than a few KV blocks, and drawn fresh so no earlier test cached it.
+    prompt = [int(token) for token in uuid.uuid4().int.to_bytes(16, "big")] * 24
+    first, again = _request(prompt, 4), _request(prompt, 4)
+    other_tenant = dataclasses.replace(_request(prompt, 4), cache_salt="tenant-2")
+    usages = []
+    for request in (first, again, other_tenant):
+        relay.run(request).result(timeout=120)
+        usages.append(_check_stream(_events(redis_client, request.request_id)))
+    assert usages[0].cached_tokens == 0
+    assert 0 < usages[1].cached_tokens < usages[1].prompt_tokens == len(prompt)
+    assert usages[2].cached_tokens == 0  # another tenant's salt: its own cache entries only
+    pending = Usage.loads(redis_client.hget(protocol.LEDGER_PENDING, again.request_id))
+    assert pending.cached_tokens == usages[1].cached_tokens
