@@ -20,15 +20,15 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 # Packages that must never sit beside the CPU torch (CUDA builds; they break `import transformers`).
 FORBIDDEN := torchvision torchaudio torchcodec
 PYTEST_ARGS ?=
-BENCH_ARGS ?=
+ARGS ?=
 
-.PHONY: help venv install up test test-deps lint bench bench-batching faults services-stop clean clean-state distclean
+.PHONY: help venv install up test test-deps lint bench bench-fleet bench-batching faults services-stop clean clean-state distclean
 
 help: ## list the targets
 	@echo "Targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 	@echo "Variables: PORT (default 8000), DATABASE_URL / REDIS_URL (default: embedded servers in .run/),"
-	@echo "           PYTEST_ARGS, BENCH_ARGS, PYTHON (a Python 3.11), TORCH_INDEX_URL,"
+	@echo "           PYTEST_ARGS, ARGS (for bench, bench-fleet, bench-batching, faults), PYTHON (a Python 3.11), TORCH_INDEX_URL,"
 	@echo "           KUBEBUILDER_ASSETS (kube-apiserver/etcd for the Kubernetes tests; else ../shared/k8s)"
 
 # The source roots, platform/ (the Django apps; not a package: see docs/architecture.md) and the
@@ -80,13 +80,16 @@ lint: venv ## ruff, then mypy on core and the domain apps (pyproject.toml [tool.
 	$(PY) -m mypy
 
 bench: venv ## run the benchmarks (python -m benchmarks.run)
-	$(PY) -m benchmarks.run $(BENCH_ARGS)
+	$(PY) -m benchmarks.run $(ARGS)
+
+bench-fleet: venv ## P workers of one pool under each dispatch policy, against P bare vLLM servers (python -m benchmarks.fleet)
+	$(PY) -m benchmarks.fleet $(ARGS)
 
 bench-batching: venv ## 32 requests one by one against 32 at once through the platform (python -m benchmarks.batching)
-	$(PY) -m benchmarks.batching
+	$(PY) -m benchmarks.batching $(ARGS)
 
 faults: venv ## fault-injection soak against the CPU stack: worker kill, Redis restart, web kill, disconnect (python -m benchmarks.faults)
-	$(PY) -m benchmarks.faults $(FAULTS_ARGS)
+	$(PY) -m benchmarks.faults $(ARGS)
 
 services-stop: ## stop the embedded PostgreSQL and Redis of .run/ (make up and make test leave none running)
 	@if [ -x $(PY) ]; then $(PY) -m deploy.local.services --stop; fi

@@ -16,7 +16,7 @@ from typing import Any
 from benchmarks.procs import Child, engine_cpu_env, free_port
 from workers.profiles import engine_args_for, engine_env_for
 
-START_TIMEOUT_S = float(os.environ.get("BENCH_ENGINE_START_TIMEOUT", "900"))
+START_TIMEOUT_S = 900.0
 
 
 def engine_cli_flags(engine_args: Mapping[str, Any]) -> list[str]:

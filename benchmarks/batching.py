@@ -1,6 +1,6 @@
 """``make bench-batching``: 32 requests one after another against the same 32 at once, through the platform.
 
-The figure issue 2 asks for: a worker hosts one vLLM engine and runs many tasks at once, so vLLM's
+What concurrency is worth: a worker hosts one vLLM engine and runs many tasks at once, so vLLM's
 continuous batching sees concurrent requests together, and 32 concurrent requests finish far faster
 than 32 sequential ones. One run starts the whole platform (gunicorn → Redis → Celery worker → vLLM,
 tiny model, ``cpu`` profile; see benchmarks/platform_stack.py), then, per round, sends 32 streamed

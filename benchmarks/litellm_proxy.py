@@ -22,8 +22,8 @@ from benchmarks.procs import ROOT, STATE_DIR, Child, free_port
 
 # 1.106.12 is the newest litellm whose [proxy] extra installs from PyPI here (later ones pin
 # litellm-proxy / litellm-proxy-extras releases that are not published).
-LITELLM_VERSION = os.environ.get("BENCH_LITELLM_VERSION", "1.106.12")
-VENV = Path(os.environ.get("BENCH_LITELLM_VENV", ROOT / ".venv-litellm"))
+LITELLM_VERSION = "1.106.12"
+VENV = ROOT / ".venv-litellm"
 START_TIMEOUT_S = 300
 
 
@@ -84,7 +84,7 @@ class LiteLLMProxy:
         # No network here: use the bundled model cost map instead of fetching it at start.
         env.update(LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR", PYTHONUNBUFFERED="1")
         argv = [str(command), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(self.port),
-                "--num_workers", os.environ.get("BENCH_LITELLM_WORKERS", "1"), "--telemetry", "False"]  # fmt: skip
+                "--num_workers", "1", "--telemetry", "False"]  # fmt: skip
         self.child = Child("litellm", argv, env).start()
         try:
             self.child.wait_http(f"http://127.0.0.1:{self.port}/health/liveliness", START_TIMEOUT_S)

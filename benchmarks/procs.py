@@ -9,15 +9,26 @@ from pathlib import Path
 from deploy.local import launcher
 from deploy.local.launcher import free_port
 
-__all__ = ["ROOT", "STATE_DIR", "Child", "engine_cpu_env", "free_port", "frontend_cpus"]
+__all__ = ["ROOT", "STATE_DIR", "Child", "choose_frontend_cpus", "engine_cpu_env", "free_port", "frontend_cpus"]
 
 ROOT = launcher.REPO_ROOT
 STATE_DIR = ROOT / ".run" / "bench"
 
 
+# The cores chosen with a bench's --frontend-cpus (``choose_frontend_cpus``); None: the default.
+_chosen_frontend_cpus: str | None = None
+
+
+def choose_frontend_cpus(text: str | None) -> None:
+    """Pin the serving processes to ``text``'s cores (e.g. "1" or "1,3"; "" pins nothing; None: the
+    default of ``frontend_cpus``), for every target started from now on."""
+    global _chosen_frontend_cpus
+    _chosen_frontend_cpus = text
+
+
 def frontend_cpus() -> set[int] | None:
-    """BENCH_FRONTEND_CPUS (e.g. "1"; default "1" on a 2-core machine, "" turns it off): the cores
-    every serving process is pinned to, None for none.
+    """The cores every serving process is pinned to (``choose_frontend_cpus``; by default core 1 on
+    a 2-core machine, none elsewhere), None for none.
 
     vLLM's CPU backend binds its model worker to core 0 here and reserves core 1 for the rest
     (its scheduler process busy-polls there with sched_yield). Pinning the serving processes (the
@@ -25,7 +36,7 @@ def frontend_cpus() -> set[int] | None:
     them from preempting the model's compute thread, which does not yield. Applied to every target
     alike; the engine's model worker re-pins itself to its own core.
     """
-    raw = os.environ.get("BENCH_FRONTEND_CPUS")
+    raw = _chosen_frontend_cpus
     if raw is None and os.cpu_count() == 2:
         raw = "1"  # the 2-core development machine: vLLM computes on core 0 and reserves core 1
     raw = (raw or "").strip()
@@ -51,8 +62,8 @@ def engine_cpu_env() -> dict[str, str]:
 
 
 class Child(launcher.Child):
-    """One process of a benchmark target (the platform's launcher's, pinned to the serving cores per
-    BENCH_FRONTEND_CPUS). Its output goes to ``STATE_DIR/logs/<name>.log``."""
+    """One process of a benchmark target (the platform's launcher's, pinned to the serving cores of
+    ``frontend_cpus``). Its output goes to ``STATE_DIR/logs/<name>.log``."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: Path = ROOT,
                  hosts_engine: bool = False) -> None:  # fmt: skip

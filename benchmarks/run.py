@@ -14,13 +14,13 @@ starts with a few unmeasured short requests (caches expired while paused). Resul
 docs/benchmarks.md (between its generated-section markers) and docs/benchmarks-cpu.png; the raw
 numbers as JSON in .run/bench/. The last line printed is ``platform/bare throughput at 32 streams: R``.
 
-Environment: BENCH_QUICK=1 for the short run (about 4 minutes here; under 20 in all cases).
-BENCH_FRONTEND_CPUS pins the serving processes and the load generator (default: core 1 on a 2-core
-machine, the core vLLM's CPU backend leaves to them; see benchmarks/procs.py).
+``--quick`` (``make bench ARGS=--quick``) is the short run (about 4 minutes here; under 20 in all
+cases). ``--frontend-cpus`` pins the serving processes and the load generator (default: core 1 on a
+2-core machine, the core vLLM's CPU backend leaves to them; see benchmarks/procs.py).
 ENGINE_ENFORCE_EAGER defaults to false here (compiled engine, ~3x faster decode: the harder case
 for a serving layer, whose per-token work then weighs more), as the cpu profile suggests for
-benchmarks. Platform tuning knobs (WEB_CONCURRENCY, GATEWAY_THREADS, BENCH_WORKER_CONCURRENCY...)
-pass through the environment or ``--platform-env NAME=VALUE``. ``--engine-steps`` turns vLLM's
+benchmarks. The platform's own settings (WEB_CONCURRENCY, GATEWAY_THREADS, ...) pass through the
+environment or ``--platform-env NAME=VALUE``. ``--engine-steps`` turns vLLM's
 statistics on in both engines and counts each round's engine steps (how full the engine's batch
 was: completion tokens per step, and the steps that mixed a prefill in). For the platform, each
 level's time to first token is also split by its ledger's worker times (gateway to the response
@@ -45,7 +45,7 @@ from benchmarks import report
 from benchmarks.gpu import measure as gpu_measure
 from benchmarks.gpu.worker_metrics import read_step_token_counts
 from benchmarks.loadgen import Workload, run_requests
-from benchmarks.procs import ROOT, STATE_DIR, free_port, frontend_cpus
+from benchmarks.procs import ROOT, STATE_DIR, choose_frontend_cpus, free_port, frontend_cpus
 from benchmarks.profiling import CpuMeter, PySpy, hot_functions, top_inclusive
 from benchmarks.stats import LevelSummary, first_wave, summarize
 
@@ -91,7 +91,7 @@ def requests_per_turn(level: int) -> int:
 
 
 def plan_from(args: argparse.Namespace) -> Plan:
-    quick = args.quick or os.environ.get("BENCH_QUICK", "").strip().lower() in {"1", "true", "yes", "on"}
+    quick = args.quick
     levels = [int(x) for x in args.levels.split(",")]
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     unknown = set(targets) - set(TARGETS)
@@ -370,7 +370,7 @@ def context_text(plan: Plan, summaries: list[LevelSummary], started: float) -> s
 
     prompt = [s.mean_prompt_tokens for s in summaries if s.mean_prompt_tokens]
     engine_args = engine_args_for("cpu", ".run/models/tiny-gemma4")
-    mode = "quick (`BENCH_QUICK=1`)" if plan.quick else "full"
+    mode = "quick (`--quick`)" if plan.quick else "full"
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     return "\n".join([
         f"Measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {mode} run, {time.time() - started:.0f} s in all, on "
@@ -385,7 +385,7 @@ def context_text(plan: Plan, summaries: list[LevelSummary], started: float) -> s
         "Engine arguments (all three targets): `" + json.dumps(engine_args, sort_keys=True) + "`.",
         "LiteLLM runs in master-key mode (its virtual keys need Prisma, which cannot start here).",
         *([f"Platform environment overrides: `{plan.platform_env}`."] if plan.platform_env else []),
-        *([f"Serving processes and load generator pinned to cores {sorted(frontend_cpus())} (BENCH_FRONTEND_CPUS)."]
+        *([f"Serving processes and load generator pinned to cores {sorted(frontend_cpus())} (`--frontend-cpus`)."]
           if frontend_cpus() else []),
     ])  # fmt: skip
 
@@ -401,7 +401,7 @@ def cpu_table(summaries: list[LevelSummary]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="the short run (same as BENCH_QUICK=1)")
+    parser.add_argument("--quick", action="store_true", help="the short run (64 output tokens, 2 rounds)")
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated subset of bare,litellm,platform")
     parser.add_argument("--levels", default="1,8,32,64", help="concurrency levels")
     parser.add_argument(
@@ -415,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rounds", type=int, default=0, help=f"turns per target and level (2 quick, {FULL_ROUNDS} full)"
     )
+    parser.add_argument("--frontend-cpus", default=None, metavar="CPUS",
+                        help='cores for the serving processes and the load generator, e.g. "1" '
+                             '(default: "1" on a 2-core machine, none elsewhere; "" pins nothing)')  # fmt: skip
     parser.add_argument("--no-docs", action="store_true", help="do not rewrite docs/benchmarks.md and the plot")
     parser.add_argument("--engine-steps", action="store_true",
                         help="vLLM's statistics on in both engines; count each round's engine steps")  # fmt: skip
@@ -429,7 +432,9 @@ def turn_engine_statistics_on() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    plan = plan_from(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    plan = plan_from(args)
+    choose_frontend_cpus(args.frontend_cpus)
     started = time.time()
     if frontend_cpus():
         os.sched_setaffinity(0, frontend_cpus())  # the load generator joins the serving processes' cores

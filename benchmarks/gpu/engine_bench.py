@@ -3,8 +3,7 @@
     python -m benchmarks.gpu.engine_bench --spec SPEC.json --out RESULT.json --lock FILE
 
 SPEC.json: {"name", "engine_args", "levels"}, and for the adapters stage "adapter_counts" (one per
-level) and "adapter_dirs" (PEFT folders, benchmarks/gpu/lora.py); for the turnaround stage
-"submit_delay_ms" ([low, high]: each request held back that long before it goes in). Builds vLLM's
+level) and "adapter_dirs" (PEFT folders, benchmarks/gpu/lora.py). Builds vLLM's
 ``AsyncLLM`` from the arguments, waits for its turn on the GPU (an exclusive lock, as several
 engines start side by side), warms up, runs each level (``measure.py``), writes the result (with the
 start-up time and the resolved scheduler settings) and shuts the engine down. A level with N
@@ -73,18 +72,13 @@ async def _one_request(engine, request_id: str, prompt: list[int], sampling, lor
 
 
 async def run_level(engine, name: str, streams: int, seconds: float, seed: int, high: int, sampling,
-                    loras: list | None = None, turns: measure.Turns | None = None,
-                    delay_ms: tuple[float, float] | None = None):  # fmt: skip
+                    loras: list | None = None, turns: measure.Turns | None = None):  # fmt: skip
     """One level; with ``loras``, client i sends every request with ``loras[i % len(loras)]``; with
-    ``turns``, as many requests per client as the stream count's first turn (``Turns.request_counts``);
-    with ``delay_ms``, each request waits ``measure.submit_delay`` before it goes in (its time to first
-    token counts from then; the level's wall time counts the wait)."""
+    ``turns``, as many requests per client as the stream count's first turn (``Turns.request_counts``)."""
 
     async def one(i: int, n: int) -> measure.RequestRecord:
         prompt = measure.prompt(seed + streams, i, n, high=high)
         lora = loras[i % len(loras)] if loras else None
-        if delay_ms:
-            await asyncio.sleep(measure.submit_delay(seed + streams, i, n, delay_ms))
         return await _one_request(engine, f"{name}-{streams}-{i}-{n}", prompt, sampling, lora)
 
     counts = turns.request_counts(streams) if turns is not None else None
@@ -140,7 +134,7 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int, checkpoint: Call
     from vllm.v1.engine.async_llm import AsyncLLM
 
     name = spec["name"]
-    result: dict = {"name": name, "engine_args": spec["engine_args"], "env": spec.get("env", {}), "levels": []}
+    result: dict = {"name": name, "engine_args": spec["engine_args"], "levels": []}
     t0 = time.monotonic()
     try:
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**spec["engine_args"]))
@@ -159,7 +153,6 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int, checkpoint: Call
             high = spec.get("prompt_id_high", measure.PROMPT_ID_HIGH)
             result["level_scale"] = scale = measure.read_scale(barrier)
             loras = lora_requests(spec)
-            delay_ms = tuple(spec["submit_delay_ms"]) if spec.get("submit_delay_ms") else None
 
             async def measure_level(index: int, streams: int, count: int | None) -> dict:
                 """One level (after loading its adapters, if any), with its CPU seconds."""
@@ -182,7 +175,7 @@ async def bench(spec: dict, lock: str, barrier: str, seed: int, checkpoint: Call
                 cpu = CpuMeter({"client": (os.getpid(), "self"), "engine core": (os.getpid(), "children")}, waits=True)
                 cpu.start()
                 level = (await run_level(engine, f"{name}-{index}", streams, seconds, level_seed, high, sampling,
-                                         loras=hot, turns=turns, delay_ms=delay_ms)).to_dict()  # fmt: skip
+                                         loras=hot, turns=turns)).to_dict()  # fmt: skip
                 after = preemptions()
                 level["engine_steps"] = measure.engine_steps(steps_before, step_token_counts(), streams)
                 level["cpu_s"] = cpu.stop()

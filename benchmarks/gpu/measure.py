@@ -319,13 +319,6 @@ def gpu_turn(lock_path: str | os.PathLike) -> Iterator[float]:
 TURN_ORDER_FILE = "turns.json"
 
 
-def submit_delay(seed: int, stream: int, index: int, range_ms: tuple[float, float]) -> float:
-    """Seconds request ``index`` of client ``stream`` is held back before it goes in: drawn
-    uniformly from ``range_ms``, the same for the same request in every run."""
-    low, high = range_ms
-    return random.Random(f"delay/{seed}/{stream}/{index}").uniform(low, high) / 1000
-
-
 def turn_seed(seed: int, levels: list[int], index: int) -> int:
     """The prompts' seed for turn ``index`` of ``levels``: a level's later turns get prompts of their
     own, or the prefix cache would hand them the earlier turns' prefills."""

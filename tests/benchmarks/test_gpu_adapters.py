@@ -97,7 +97,7 @@ def test_the_stage_runs_the_lora_engine_over_0_to_32_adapters_and_the_same_profi
     runs = {run.name: run for run in plan.runs_for("adapters", "/m", "/t", "/tmp/gpubench/adapters")}
     assert set(runs) == {"lora-on", "lora-off"}
     on, off = runs["lora-on"], runs["lora-off"]
-    h200 = {**get_profile("h200").engine_args, **plan.BENCH_ARGS, "model": "/m", "skip_tokenizer_init": True}
+    h200 = {**get_profile("h200").engine_args, **plan.COMMON_ARGS, "model": "/m", "skip_tokenizer_init": True}
     assert off.engine_args == h200 and off.levels == (128,) and off.adapter_counts == (0,)
     assert on.engine_args == {**h200, **get_profile("h200").lora_args}
     assert on.engine_args["enable_lora"] is True and on.engine_args["max_loras"] == 32

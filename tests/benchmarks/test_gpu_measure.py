@@ -128,15 +128,6 @@ def test_drive_counts_a_failed_request_and_ends_that_client():
     assert len(records) == 1 and errors == ["RuntimeError: HTTP 500"]
 
 
-def test_a_submit_delay_is_drawn_from_its_range_and_the_same_for_the_same_request():
-    delays = [measure.submit_delay(7, stream, index, (0.0, 200.0)) for stream in range(64) for index in range(8)]
-    assert all(0.0 <= delay <= 0.2 for delay in delays)
-    assert len(set(delays)) == len(delays)
-    assert 0.08 < sum(delays) / len(delays) < 0.12  # uniform: the mean is the range's middle
-    assert measure.submit_delay(7, 3, 1, (0.0, 200.0)) == delays[3 * 8 + 1]
-    assert measure.submit_delay(7, 3, 1, (50.0, 50.0)) == 0.05
-
-
 def test_prompts_of_a_level_are_distinct_per_client_and_request():
     prompts = {tuple(measure.prompt(1, i, n, high=1000)) for i in range(4) for n in range(3)}
     assert len(prompts) == 12 and measure.prompt(1, 2, 1) == measure.prompt(1, 2, 1)

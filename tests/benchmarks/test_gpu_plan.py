@@ -16,31 +16,28 @@ def runs(stage):
 
 def test_stock_is_vllm_defaults_plus_only_the_bench_settings():
     stock = runs("profiles")["stock"]
-    assert stock.engine_args == {"model": MODEL, "skip_tokenizer_init": True, **plan.BENCH_ARGS}
+    assert stock.engine_args == {"model": MODEL, "skip_tokenizer_init": True, **plan.COMMON_ARGS}
     assert stock.levels == (1, 8, 32, 128)
 
 
 @pytest.mark.parametrize("name", ["h200", "a10g"])
 def test_a_profile_run_is_the_profile_with_random_weights_and_the_bench_memory(name):
     args = runs("profiles")[name].engine_args
-    expected = {**get_profile(name).engine_args, **plan.BENCH_ARGS, "model": MODEL, "skip_tokenizer_init": True}
+    expected = {**get_profile(name).engine_args, **plan.COMMON_ARGS, "model": MODEL, "skip_tokenizer_init": True}
     assert args == expected
     assert args["load_format"] == "dummy"
-    assert args["kv_cache_memory_bytes"] == plan.BENCH_KV_CACHE_BYTES
+    assert args["kv_cache_memory_bytes"] == plan.KV_CACHE_BYTES
 
 
 def test_each_variant_changes_only_its_own_settings():
     h200 = runs("profiles")["h200"].engine_args
-    all_runs = {**runs("profiles"), **runs("variants"), **runs("fusions")}
-    for name, changes in {**plan.H200_VARIANTS, **plan.H200_FUSION_VARIANTS}.items():
+    all_runs = runs("profiles")
+    for name, changes in plan.H200_VARIANTS.items():
         args = all_runs[name].engine_args
         differing = {key for key in set(args) | set(h200) if args.get(key) != h200.get(key)}
         assert differing == set(changes), name
         for key, value in changes.items():
             assert args.get(key) == value  # a None change removes the setting (vLLM's default)
-    for name, env in plan.H200_ENV_VARIANTS.items():
-        assert all_runs[name].engine_args == h200
-        assert all_runs[name].env == env
 
 
 def test_the_bare_engine_of_the_platform_comparison_detokenizes_like_the_worker():
@@ -52,17 +49,23 @@ def test_the_bare_engine_of_the_platform_comparison_detokenizes_like_the_worker(
     assert bare.engine_args == worker_args
 
 
+def test_the_platform_stage_measures_the_levels_and_rounds_asked_for():
+    bare = plan.runs_for("platform", MODEL, TOK_MODEL, levels=(128, 256), rounds=3)[0]
+    assert bare.levels == (128, 256, 256, 128, 128, 256)
+    assert bare.rounds == 3
+
+
 def test_every_stage_has_unique_names_and_json_serialisable_specs():
     for stage in plan.STAGES:
         stage_runs = plan.runs_for(stage, MODEL, TOK_MODEL)
         assert len({run.name for run in stage_runs}) == len(stage_runs)
         for run in stage_runs:
-            json.dumps({"engine_args": run.engine_args, "env": run.env})
+            json.dumps({"engine_args": run.engine_args})
             assert None not in run.engine_args.values()
 
 
 def test_an_unknown_stage_is_refused_with_the_valid_ones():
-    with pytest.raises(ValueError, match="profiles, platform, compare, variants, fusions"):
+    with pytest.raises(ValueError, match="platform, profiles, capacity, adapters"):
         plan.runs_for("everything", MODEL, TOK_MODEL)
 
 
@@ -71,7 +74,7 @@ def test_the_bench_kv_cache_holds_128_streams_of_prompt_and_output():
     # ones a 512-token window (plus a 16-token block); 2 KV heads x 256 dims x (K, V) x 2 bytes.
     tokens = plan.PROMPT_TOKENS + plan.OUTPUT_TOKENS
     per_sequence = (4 * tokens + 20 * min(tokens, 512 + 16)) * 2 * 256 * 2 * 2
-    assert plan.BENCH_KV_CACHE_BYTES >= 1.2 * 128 * per_sequence
+    assert plan.KV_CACHE_BYTES >= 1.2 * 128 * per_sequence
 
 
 def test_platform_levels_reach_512_streams_and_long_levels_run_30_s():
@@ -119,51 +122,3 @@ def test_capacity_runs_give_every_running_sequence_room():
     assert runs["cap-fp8kv"].engine_args["kv_cache_dtype"] == "fp8"
     assert "skip_tokenizer_init" not in runs["cap-h200-tok"].engine_args
     assert runs["cap-h200"].engine_args["skip_tokenizer_init"] is True
-
-
-def test_the_interval_stage_is_the_platforms_bare_engine_with_one_output_per_token_and_per_four():
-    stage = runs("interval")
-    bare = runs("platform")["bare-h200"].engine_args
-    assert stage["bare-si1"].engine_args == {**bare, "stream_interval": 1}  # vLLM's default, as the profile runs
-    assert stage["bare-si4"].engine_args == {**bare, "stream_interval": 4}
-    assert stage["bare-si4"].levels == stage["bare-si1"].levels == plan.INTERVAL_LEVELS
-    both = sum(run.planned_seconds() for run in stage.values())
-    assert 300 + both + 40 < 565  # a cold start of the two engines and both measurements fit one call
-
-
-def test_the_turnaround_stage_holds_back_the_requests_of_one_of_two_identical_bare_engines():
-    stage = runs("turnaround")
-    bare, held = stage["bare-h200"], stage["bare-turnaround"]
-    assert bare.engine_args == held.engine_args == runs("platform")["bare-h200"].engine_args
-    assert bare.submit_delay_ms is None
-    assert held.submit_delay_ms == (0.0, 2 * plan.TURNAROUND_MS)
-    assert bare.levels == held.levels == plan.platform_schedule(plan.TURNAROUND_LEVELS)
-    assert bare.rounds == held.rounds == plan.PLATFORM_ROUNDS
-    both = sum(run.planned_seconds() for run in stage.values())
-    assert 300 + both + 40 < 565  # a cold start of the two engines and both measurements fit one call
-
-
-def test_the_cudagraph_stage_runs_the_turnaround_pair_with_piecewise_and_with_full_cuda_graphs():
-    stage = runs("cudagraph")
-    assert list(stage) == ["piecewise-h200", "piecewise-turnaround", "full-h200", "full-turnaround"]
-    bare = runs("turnaround")["bare-h200"].engine_args
-    for prefix, mode in (("piecewise", "FULL_AND_PIECEWISE"), ("full", "FULL")):
-        as_is, held = stage[f"{prefix}-h200"], stage[f"{prefix}-turnaround"]
-        assert as_is.engine_args == held.engine_args == {**bare, "compilation_config": {"cudagraph_mode": mode}}
-        assert as_is.submit_delay_ms is None
-        assert held.submit_delay_ms == (0.0, 2 * plan.TURNAROUND_MS)
-    assert {run.levels for run in stage.values()} == {plan.platform_schedule(plan.CUDAGRAPH_LEVELS)}
-    four = sum(run.planned_seconds() for run in stage.values())
-    assert 300 + four + 40 < 565  # a cold start of the four engines and every turn fit one call
-
-
-def test_bench_engine_changes_go_on_top_of_the_profile_on_both_sides_of_the_platform_comparison(monkeypatch):
-    full = {"compilation_config": {"cudagraph_mode": "FULL"}}
-    monkeypatch.setenv("BENCH_ENGINE_CHANGES", json.dumps(full))
-    bare = runs("platform")["bare-h200"].engine_args
-    worker = plan.platform_worker_overrides()
-    assert bare["compilation_config"] == worker["compilation_config"] == full["compilation_config"]
-    assert bare["quantization"] == "fp8"  # the rest of the profile stays
-    monkeypatch.setenv("BENCH_ENGINE_CHANGES", "[1]")
-    with pytest.raises(ValueError, match="JSON object"):
-        plan.platform_worker_overrides()

@@ -103,35 +103,6 @@ def test_a_level_measured_in_several_turns_is_their_tokens_over_their_seconds():
     assert report.rate(pooled, 128) is None
 
 
-def test_the_turnaround_tables_show_the_held_back_side_against_bare_and_each_turn():
-    def turn(streams, rate, tpot):
-        return {"streams": streams, "tokens_per_s": rate, "wall_s": 10.0, "ttft_ms_p50": 190.0,
-                "tpot_ms_p50": tpot, "duration_s_max": 5.75}  # fmt: skip
-
-    results = [
-        {"name": "bare-h200", "start_s": 190.0, "levels": [turn(256, 23_000.0, 10.5), turn(256, 25_000.0, 10.4)]},
-        {"name": "bare-turnaround", "start_s": 191.0, "levels": [turn(256, 21_000.0, 11.2), turn(256, 22_000.0, 11.3)]},
-    ]
-    text = report.render(results)
-    assert "| bare-turnaround | 191 | — | 21,500 (0.90x) | — |" in text
-    assert "| bare-turnaround | 256 | 21,000, 190, 11.20, 5.75; 22,000, 190, 11.30, 5.75 |" in text
-
-
-def test_the_cudagraph_tables_show_four_engines_and_the_engine_steps_of_each_turn():
-    def turn(rate, steps, mixed):
-        return {"streams": 256, "tokens_per_s": rate, "wall_s": 10.0, "ttft_ms_p50": 190.0, "tpot_ms_p50": 10.5,
-                "duration_s_max": 5.75, "engine_steps": {"steps": steps, "steps_over_streams": mixed}}  # fmt: skip
-
-    results = [
-        {"name": name, "start_s": 200.0, "levels": [turn(rate, 2_800, mixed), turn(rate, 2_900, mixed)]}
-        for name, rate, mixed in (("piecewise-h200", 24_000.0, 12), ("piecewise-turnaround", 21_600.0, 1_400),
-                                  ("full-h200", 24_000.0, 12), ("full-turnaround", 23_040.0, 1_400))
-    ]  # fmt: skip
-    text = report.render(results)
-    assert "| full-turnaround | 200 | 23,040 (0.96x) |" in text
-    assert "| piecewise-turnaround | 256 | 21,600, 190, 10.50, 5.75, 2,800 steps (1,400 mixed); " in text
-
-
 def test_a_side_stopped_before_its_last_turn_shows_the_turns_it_measured_as_cut_short():
     from benchmarks.gpu import measure
 
@@ -161,3 +132,11 @@ def test_the_pace_table_takes_each_sides_engine_pace_out_of_the_ratio():
     # A turn without the engine's reading leaves the level out.
     platform["levels"].append({"streams": 256, "tokens_per_s": 17_000.0, "wall_s": 10.0})
     assert report.pace_table(report.by_name([bare, platform]), "bare-h200", "platform-h200", (256,)).count("\n") == 1
+
+
+def test_the_platform_tables_show_levels_run_py_was_asked_for_beside_the_usual_ones():
+    level = {"streams": 64, "tokens_per_s": 4_000.0, "wall_s": 10.0}
+    text = report.render([{"name": "bare-h200", "start_s": 90.0, "levels": [level]},
+                          {"name": "platform-h200", "start_s": 95.0, "levels": [level]}])  # fmt: skip
+    assert "| engine | start (s) | 32 streams | 64 streams | 128 streams | 256 streams | 512 streams |" in text
+    assert "| platform-h200 | 95 | — | 4,000 (1.00x) | — | — | — |" in text

@@ -1,9 +1,9 @@
-"""The GPU bench's wheel list follows requirements.txt (benchmarks/gpu/wheel_closure.py)."""
+"""The GPU bench's wheel list follows requirements.txt (benchmarks/gpu/offline/wheel_closure.py)."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "offline"))
 import wheel_closure  # noqa: E402
 
 

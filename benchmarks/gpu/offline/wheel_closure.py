@@ -1,7 +1,7 @@
 """Download the wheels requirements need on the lent GPU machine that its image lacks.
 
-    WHEEL_DIR=DIR python benchmarks/gpu/wheel_closure.py 'vllm==0.26.0' [names to skip...]
-    WHEEL_DIR=DIR python benchmarks/gpu/wheel_closure.py --prune -r requirements.txt 'vllm==0.26.0' [skip...]
+    WHEEL_DIR=DIR python benchmarks/gpu/offline/wheel_closure.py 'vllm==0.26.0' [names to skip...]
+    WHEEL_DIR=DIR python benchmarks/gpu/offline/wheel_closure.py --prune -r requirements.txt 'vllm==0.26.0' [skip...]
 
 Walks each requirement's dependencies (CPython 3.12, manylinux x86_64 markers), skipping what the
 device image already has (KINDS.md's package list, below) and the names given after the first
