@@ -5,7 +5,7 @@
 The process pins itself to one core (``os.sched_setaffinity``, as ``taskset -c 0`` would) and runs
 the gateway's own functions in a loop against real Redis and PostgreSQL (the servers named by
 DATABASE_URL / REDIS_URL, or the embedded ones of .run/; a ``gemma_bench_cp`` database and Redis
-database BENCH_REDIS_DB+1 are recreated for it). Redis and PostgreSQL are separate server processes,
+database ``--redis-db`` (default 13) are recreated for it). Redis and PostgreSQL are separate server processes,
 not pinned: the number is what one gateway core sustains, as a gateway process sees it.
 
 Measured operations:
@@ -37,7 +37,7 @@ from benchmarks.procs import ROOT
 DATABASE = "gemma_bench_cp"
 
 
-def _setup_django() -> None:
+def _setup_django(redis_db: int) -> None:
     from benchmarks.platform_stack import recreate_database, with_database, with_redis_db
     from deploy.local.services import ensure_services
 
@@ -45,7 +45,7 @@ def _setup_django() -> None:
     recreate_database(services["DATABASE_URL"], DATABASE)
     os.environ.update(
         DATABASE_URL=with_database(services["DATABASE_URL"], DATABASE),
-        REDIS_URL=with_redis_db(services["REDIS_URL"], int(os.environ.get("BENCH_REDIS_DB", "12")) + 1),
+        REDIS_URL=with_redis_db(services["REDIS_URL"], redis_db),
         SECRET_KEY=os.environ.get("SECRET_KEY") or uuid.uuid4().hex * 2,
         DJANGO_SETTINGS_MODULE="config.settings",
         LOG_LEVEL="WARNING",
@@ -171,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each measurement")
     parser.add_argument("--core", type=int, default=0, help="the core to pin this process to")
+    parser.add_argument("--redis-db", type=int, default=13, help="the Redis database index it empties and uses")
     args = parser.parse_args(argv)
     os.sched_setaffinity(0, {args.core})
-    _setup_django()
+    _setup_django(args.redis_db)
     results = run(args.seconds)
     print(markdown(results, args.core))
     return 0

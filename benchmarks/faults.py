@@ -1,7 +1,7 @@
 """Fault-injection soak: the failures the platform must survive, repeated against the live CPU stack.
 
     python -m benchmarks.faults [--rounds 3] [--streams 4] [--faults worker-kill,redis-restart,web-kill,disconnect]
-    make faults FAULTS_ARGS="--rounds 3"
+    make faults ARGS="--rounds 3"
 
 The stack is the benchmarks' (benchmarks/platform_stack.py: gunicorn → Redis → Celery worker with the
 vLLM CPU engine and the tiny model, and beat) on a database of its own (``gemma_faults``, re-created
