@@ -473,8 +473,8 @@ class OperatorPolicy:
             else pool.spec
             for pool in pools
         ]
-        target = tokens_target or VALUES_A10G_TOKENS_TARGET
-        self.name = f"operator ({target:,.0f} tok/s)"
+        self.target = tokens_target or VALUES_A10G_TOKENS_TARGET
+        self.name = f"operator ({self.target:,.0f} tok/s)"
         self.states = [scaling.PoolState() for _ in pools]
 
     def initial(self, index: int) -> int:
@@ -747,8 +747,11 @@ def _percentile(histogram: np.ndarray, q: float) -> float | None:
 
 
 def simulate(
-    *, pools: int = 20, hours: float = 24.0, seed: int = 1, fleet: Fleet | None = None, warmup_hours: float = 1.0
-) -> dict:
+    *, pools: int = 20, hours: float = 24.0, seed: int = 1, fleet: Fleet | None = None, warmup_hours: float = 1.0,
+    tokens_targets: Sequence[float] = (),
+) -> dict:  # fmt: skip
+    """Every policy on one trace; ``tokens_targets``: more operator rows, each with another
+    targetTokensPerSecondPerReplica for the interactive pools."""
     fleet = fleet or Fleet()
     rng = np.random.default_rng(seed)
     profiles = default_pools(pools, fleet, rng)
@@ -762,8 +765,9 @@ def simulate(
     # cache share other than the one the chart's figure comes from).
     derived = round(fleet.replica_tokens_per_second * fleet.utilisation_target)
     operators = [OperatorPolicy(profiles)]
-    if derived != round(VALUES_A10G_TOKENS_TARGET):
-        operators.append(OperatorPolicy(profiles, tokens_target=derived))
+    for target in (derived, *tokens_targets):
+        if round(target) not in {round(VALUES_A10G_TOKENS_TARGET), *(round(o.target) for o in operators)}:
+            operators.append(OperatorPolicy(profiles, tokens_target=target))
     policies = (StaticPolicy(static), *operators, QueueLengthPolicy(profiles))
     for policy in policies:
         sim = Simulation(profiles, arrivals, fleet, policy, initial=static, warmup=warmup)
@@ -853,6 +857,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="share of prompt tokens served from the prefix cache (cache-aware dispatch)")  # fmt: skip
     parser.add_argument("--prefill-rate", type=float, default=Fleet.prefill_tokens_per_second,
                         help="a replica's prefill tokens/s")  # fmt: skip
+    parser.add_argument("--tokens-target", type=float, action="append", default=[],
+                        help="also run the operator at this targetTokensPerSecondPerReplica (repeatable)")  # fmt: skip
     parser.add_argument("--plot", type=Path, help="write a PNG of nodes over time (needs matplotlib)")
     parser.add_argument("--json", type=Path, help="write the results (without timelines) as JSON")
     args = parser.parse_args(argv)
@@ -860,7 +866,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--cached-share must be within 0..1")
     fleet = Fleet(max_nodes=args.max_nodes, prompt_tokens=args.prompt_tokens, cached_prompt_share=args.cached_share,
                   prefill_tokens_per_second=args.prefill_rate)  # fmt: skip
-    report = simulate(pools=args.pools, hours=args.hours, seed=args.seed, fleet=fleet)
+    targets = args.tokens_target
+    report = simulate(pools=args.pools, hours=args.hours, seed=args.seed, fleet=fleet, tokens_targets=targets)
     print(f"a replica's plateau: {fleet.replica_tokens_per_second:,.0f} output tok/s (prefill "
           f"{fleet.prefill_seconds:.2f} s per stream); the chart ships {VALUES_A10G_TOKENS_TARGET:,.0f}")  # fmt: skip
     print(table(report))

@@ -145,9 +145,10 @@ def test_prompts_served_from_the_prefix_cache_shorten_streams_and_raise_the_plat
     assert uncached.replica_tokens_per_second < cached.replica_tokens_per_second < decode_only.replica_tokens_per_second
 
 
-def test_a_fleet_with_another_plateau_also_runs_the_operator_at_70_percent_of_it():
+def test_a_fleet_with_another_plateau_also_runs_the_operator_at_70_percent_of_it_and_at_the_targets_asked():
     fleet = fleet_sim.Fleet(prompt_tokens=1000)
-    report = fleet_sim.simulate(pools=3, hours=0.5, seed=2, warmup_hours=0.1, fleet=fleet)
+    report = fleet_sim.simulate(pools=3, hours=0.5, seed=2, warmup_hours=0.1, fleet=fleet, tokens_targets=(1500,))
     names = [result["policy"] for result in report["results"]]
     derived = round(fleet.replica_tokens_per_second * fleet.utilisation_target)
-    assert f"operator ({derived:,} tok/s)" in names
+    shipped = round(fleet_sim.VALUES_A10G_TOKENS_TARGET)
+    assert names[1:-1] == [f"operator ({shipped:,} tok/s)", f"operator ({derived:,} tok/s)", "operator (1,500 tok/s)"]
