@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help=f"a stage to run, repeatable (default: {' '.join(plan.DEFAULT_STAGES)})",
     )
-    parser.add_argument("--levels", type=_ints, default=plan.PLATFORM_LEVELS,
+    parser.add_argument("--levels", type=_ints, default=",".join(map(str, plan.PLATFORM_LEVELS)),
                         help="the platform stage's stream counts (default: %(default)s)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=plan.PLATFORM_ROUNDS,
                         help="the platform stage's turns per level and side (default: %(default)s)")  # fmt: skip
