@@ -308,7 +308,7 @@ async def _check_unstarted(
         # A live claimer that does not start the request (or a claim that recorded no claimer):
         # the cancel key stops it should it start after all.
         message = "The worker that took this request did not start it in time."
-        return await _lost(request, model, progress, message, worker=claimer or "", started=False)
+        return await _lost(request, model, progress, message, worker=claimer or "", started=False, continued=False)
     return None
 
 
@@ -328,13 +328,21 @@ async def _claim_state(request_id: str) -> tuple[str | None, bool]:
 
 
 async def _lost(
-    request: RequestInput, model: ServedModel, progress: _Progress, message: str, *, worker: str, started: bool
+    request: RequestInput,
+    model: ServedModel,
+    progress: _Progress,
+    message: str,
+    *,
+    worker: str,
+    started: bool,
+    continued: bool = True,
 ) -> Failed | _Continued:
     """The attempt's worker is lost: tell it, should it still run, to stop; continue the request on
-    another worker of the pool (`_continue`), or end it as `worker_lost` and record its usage
-    (unless its worker recorded it already)."""
+    another worker of the pool (`_continue`; not for a live worker that does not start it, which
+    would be routed the same way again), or end it as `worker_lost` and record its usage (unless
+    its worker recorded it already)."""
     await get_async_redis().set(protocol.cancel_key(protocol.attempt_id(request)), 1, ex=protocol.REQUEST_TTL)
-    if await _continue(request, model, progress, lost=worker):
+    if continued and await _continue(request, model, progress, lost=worker):
         return CONTINUED
     started = started or request.attempt > 0  # an earlier attempt prefilled the prompt
     usage = _usage_for(request, progress.seen_tokens, status="worker_lost", worker=worker, started=started)
@@ -365,9 +373,9 @@ async def _continue(request: RequestInput, model: ServedModel, progress: _Progre
     try:
         route = await run_blocking(routing.choose_worker, _next_attempt(request, progress, lost, remaining), model.pool)
     except ServiceUnavailable:
-        route = routing.Route("")
-    if not route.worker:
         return False
+    if not route.worker and not await ready_workers_async(model.pool):
+        return False  # no worker left ("": the pool's queue, under the `pool` policy, when one is)
     await routing.release_async(request.request_id, request.routed_to)
     _advance(request, progress, lost, remaining)
     request.routed_to = route.worker
