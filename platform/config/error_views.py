@@ -9,7 +9,8 @@ from django.http import HttpResponse
 from django.urls import Resolver404
 from django.views import defaults
 
-from management.errors import error_body
+from core.errors import error_body
+from management.errors import management_error_body
 
 OPENAI_PREFIX = "/v1/"
 MANAGEMENT_PREFIX = "/api/v1/"
@@ -23,8 +24,8 @@ def api_error_body(path: str, status: int, message: str, code: str) -> dict:
     """The error body of an API path (is_api_path) in that API's shape."""
     if path.startswith(OPENAI_PREFIX) or path == "/v1":
         kind = "server_error" if status >= 500 else "permission_error" if status == 403 else "invalid_request_error"
-        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return error_body(message, status, code=code)
+        return error_body(message, type=kind, code=code)
+    return management_error_body(message, status, code=code)
 
 
 def _json(request, status: int, message: str, code: str) -> HttpResponse:

@@ -3,12 +3,18 @@
 Domain apps raise these (never a face's HTTP errors, never a bare ValueError for a refusal the
 caller should show). Each carries the HTTP status it means, the OpenAI error `type`, an optional
 machine-readable `code`, the request `param` at fault and response `headers` (Retry-After,
-x-ratelimit-*). `body()` is the OpenAI error object, {"error": {"message", "type", "param", "code"}}.
+x-ratelimit-*). `body()` is the OpenAI error object, {"error": {"message", "type", "param", "code"}},
+which `error_body` builds: the one place that shape is made, for every face and every path.
 
 Data only: each face renders them in one place of its own, the inference API as that body
 (`gateway.errors.error_response`), the management API with its own types in its exception handler
 (management/errors.py), the console as a message on the page (console/errors.py).
 """
+
+
+def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> dict:  # noqa: A002
+    """The OpenAI error object: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 class AppError(Exception):
@@ -23,7 +29,7 @@ class AppError(Exception):
         self.headers: dict[str, str] = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
 
 
 class InvalidRequest(AppError):
@@ -61,6 +67,13 @@ class PayloadTooLarge(AppError):
 class RateLimited(AppError):
     status = 429
     type = "rate_limit_error"
+
+
+class BadGateway(AppError):
+    """A worker failed the request (an engine error, a lost worker)."""
+
+    status = 502
+    type = "server_error"
 
 
 class ServiceUnavailable(AppError):

@@ -10,6 +10,7 @@ from django.http import HttpResponse
 
 from core.errors import AppError as OpenAIError
 from core.errors import (
+    BadGateway,
     Conflict,
     InvalidRequest,
     MethodNotAllowed,
@@ -22,6 +23,7 @@ from core.errors import (
 )
 
 __all__ = [
+    "BadGateway",
     "Conflict",
     "InvalidRequest",
     "MethodNotAllowed",

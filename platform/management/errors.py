@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
 from config.database import OUTAGE_ERRORS, DatabaseUnavailable
-from core.errors import AppError
+from core.errors import AppError, error_body
 
 _TYPES = {
     400: "invalid_request_error",
@@ -42,9 +42,9 @@ def _first_error(detail, path: str = ""):
     return path or None, str(detail), code
 
 
-def error_body(message: str, status_code: int, *, param=None, code=None) -> dict:
-    return {"error": {"message": message, "type": _TYPES.get(status_code, "server_error"), "param": param,
-                      "code": code}}  # fmt: skip
+def management_error_body(message: str, status_code: int, *, param=None, code=None) -> dict:
+    """The OpenAI error object with this API's `type` for the status."""
+    return error_body(message, type=_TYPES.get(status_code, "server_error"), param=param, code=code)
 
 
 class DatabaseDown(exceptions.APIException):
@@ -56,7 +56,7 @@ class DatabaseDown(exceptions.APIException):
 def exception_handler(exc, context):
     if isinstance(exc, AppError):
         set_rollback()
-        body = error_body(exc.message, exc.status, param=exc.param, code=exc.code)
+        body = management_error_body(exc.message, exc.status, param=exc.param, code=exc.code)
         return Response(body, status=exc.status, headers=dict(exc.headers))
     if isinstance(exc, (DatabaseUnavailable, *OUTAGE_ERRORS)):
         exc = DatabaseDown()
@@ -79,5 +79,5 @@ def exception_handler(exc, context):
         param, message, code = None, str(exc.detail), exc.get_codes() if isinstance(exc.get_codes(), str) else None
     set_rollback()
     return Response(
-        error_body(message, exc.status_code, param=param, code=code), status=exc.status_code, headers=headers
+        management_error_body(message, exc.status_code, param=param, code=code), status=exc.status_code, headers=headers
     )

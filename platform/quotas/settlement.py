@@ -1,32 +1,25 @@
 """Settlement: usage became durable → the request's quota reservation is replaced by it.
 
-A request's usage is durable once its entry is in `ledger:pending` (Redis): the worker writes it
-with the stream's `done` event, or the gateway does for a request no worker finished (taken back
-from the queue, a lost worker). Settling then gives the tenant's concurrency slot, fair-share slot
-and unused budget back at once, without waiting for PostgreSQL. This module is the one place that
-does it; the settle script itself (`quota_settle`) is idempotent per request id, so each path below
-may overlap the others safely:
-
-- the worker, in the write that carries a request's done event and usage entry (workers/relay.py,
-  `quotas.scripts.settle_pending_call`): the fast path of every request a worker ends;
-- `usage_record_now` (ledger batching off): the gateway writes the row now, settling on the way;
-- `usage_buffer`: the gateway puts the usage of a request no worker finished, and settles it;
-- every flush of `ledger:pending` (the periodic `ledger.flush` task, an invoice run) settles each
-  batch before writing it (`ledger.services.pending_flushing`), for a request whose gateway died;
-- `reservations_reap` (`quotas.reap`, every minute): reservations nobody settled within their hold.
+A request's usage is durable once its entry is in `ledger:pending` (Redis). Settling then gives the
+tenant's concurrency slot, fair-share slot and unused budget back at once, without waiting for
+PostgreSQL. The settle script (`quota_settle`) is idempotent per request id, so the paths that settle
+may overlap safely. Every path by which a request's usage becomes final, and where it settles, is
+listed in one table: gateway/lifecycle.py, "How usage becomes final". This module holds the
+gateway-side ones: `usage_buffer` (a request no worker finished), the `pending_flushing` receiver
+(every ledger flush) and `reservations_reap` (reservations nobody settled).
 """
 
-import time
 
 from django.dispatch import receiver
 
 from config.redis_client import get_redis, scripts_in_one_round_trip
+from contract.protocol import LEDGER_PENDING, Usage
+from contract.settle import RESERVATIONS, resv_key
+from core import clock
 from ledger.models import UsageRecord
-from ledger.services import ledger_flush, ledger_pending_put, pending_flushing
-from ledger.writer import ledger_write_soon
+from ledger.services import ledger_pending_put, pending_flushing
 from quotas.admission import quota_settle
-from quotas.scripts import RESERVATIONS, quota_script, resv_key
-from workers.protocol import LEDGER_PENDING, Usage
+from quotas.scripts import quota_script
 
 
 def usages_settle(usages: list[Usage]) -> None:
@@ -35,21 +28,6 @@ def usages_settle(usages: list[Usage]) -> None:
         return
     script = quota_script("settle")
     scripts_in_one_round_trip([(script, _settle_keys(usage), _settle_args(usage)) for usage in usages])
-
-
-def usage_record_now(request_id: str) -> None:
-    """A request ended (its usage entry is pending) and ledger batching is off
-    (LEDGER_BATCH_SECONDS=0): settle its quota and write its ledger row now, in this thread.
-
-    Blocking (Redis script, an INSERT): call it through `run_blocking` from async code."""
-    ledger_flush(request_ids=[request_id])  # settles through `pending_flushing`, then writes
-
-
-def usage_record_soon(request_id: str) -> None:
-    """A request ended and ledger batching is on: its worker settled its quota already, in the
-    write that carried its end; have its row written with this process's next batch
-    (LEDGER_BATCH_SECONDS). No I/O: safe on the event loop."""
-    ledger_write_soon(request_id)
 
 
 def _settle_keys(usage: Usage) -> list[str]:
@@ -79,7 +57,7 @@ def reservations_reap(*, limit: int = 1000) -> int:
     Safe to run anywhere, any number of times: settle is idempotent.
     """
     redis = get_redis()
-    expired = redis.zrangebyscore(RESERVATIONS, "-inf", time.time(), start=0, num=limit)
+    expired = redis.zrangebyscore(RESERVATIONS, "-inf", clock.timestamp(), start=0, num=limit)
     for rid in expired:
         raw = redis.hget(LEDGER_PENDING, rid)
         if raw is not None:

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from adapters.store import FilesystemStore, adapter_digest
 from contract import protocol
+from contract.adapter_store import FilesystemStore, adapter_digest
 from contract.protocol import RequestInput
 from gateway import dispatch, lifecycle
 from gateway.pools import pool_demand

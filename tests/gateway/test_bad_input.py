@@ -75,12 +75,12 @@ def test_an_unknown_v1_path_is_an_openai_404(db):
 
 @pytest.mark.parametrize("path", ENDPOINTS)
 def test_a_server_error_under_v1_is_an_openai_500(key, monkeypatch, path):
-    from gateway import views
+    from gateway import lifecycle
 
-    def broken(request):
+    def broken(http_request):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(views, "authenticate", broken)
+    monkeypatch.setattr(lifecycle, "authenticate", broken)
     response = post_raw(Client(raise_request_exception=False), path, key, _body(path, seed=b"1"))
     error = error_of(response, 500)
     assert (error["type"], error["code"]) == ("server_error", "internal_error")

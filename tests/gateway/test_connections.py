@@ -45,22 +45,22 @@ def _finished_request(make_tenant, redis_client, request_id: str):
 
 
 def _record_on_a_gateway_thread(request_id: str):
-    """What `dispatch.record` does with batching off: `usage_record_now` through run_blocking. Returns
+    """What `lifecycle.record` does with batching off: `ledger_flush` through run_blocking. Returns
     the database connection wrapper of the thread that ran it."""
     from gateway.offload import run_blocking
-    from quotas.settlement import usage_record_now
+    from ledger.services import ledger_flush
 
     def record():
-        usage_record_now(request_id)
+        ledger_flush(request_ids=[request_id])
         return db.connections["default"]  # this thread's own
 
     return asyncio.run(run_blocking(record))
 
 
 def _record_as_the_views_do(request_id: str) -> None:
-    from gateway import dispatch
+    from gateway import lifecycle
 
-    asyncio.run(dispatch.record(request_id))
+    asyncio.run(lifecycle.record(relaying.job(request_id)))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -100,12 +100,12 @@ def test_a_batched_reply_has_its_row_written_soon_without_a_database_connection_
 
 @pytest.mark.django_db
 def test_an_unreachable_redis_is_a_503_in_openai_shape(monkeypatch):
-    from gateway import views
+    from gateway import lifecycle
 
     def redis_down(*args, **kwargs):
         raise RedisConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr(views, "authenticate", redis_down)  # the first step of every request
+    monkeypatch.setattr(lifecycle, "authenticate", redis_down)  # the first step of every request
     body = {"model": "tiny-gemma4", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     reply = Client().post(
         "/v1/chat/completions", json.dumps(body), content_type="application/json",
@@ -139,7 +139,7 @@ async def _frames(stream) -> str:
 
 
 def test_a_redis_failure_mid_stream_ends_it_with_an_error_event(monkeypatch):
-    from gateway import dispatch, views
+    from gateway import dispatch, lifecycle, views
     from gateway.validation import completion_request
 
     async def relay(job, model):
@@ -154,11 +154,11 @@ def test_a_redis_failure_mid_stream_ends_it_with_an_error_event(monkeypatch):
 
     monkeypatch.setattr(dispatch, "relay", relay)
     monkeypatch.setattr(dispatch, "abandon", abandon)
-    monkeypatch.setattr(dispatch, "record", relaying.async_append(recorded))
-    job = relaying.job("cmpl-cut")
-    spec = completion_request({"model": "m", "prompt": "hi", "stream": True})
+    monkeypatch.setattr(lifecycle, "record", relaying.async_append(recorded))
+    enqueued = relaying.enqueued("cmpl-cut", completion_request({"model": "m", "prompt": "hi", "stream": True}))
+    job = enqueued.request
 
-    frames = asyncio.run(_frames(views._stream(job, relaying.MODEL, spec)))
+    frames = asyncio.run(_frames(views._stream(enqueued)))
 
     events = [line[6:] for line in frames.splitlines() if line.startswith("data: ")]
     assert json.loads(events[0])["choices"][0]["text"] == "Hello"
@@ -192,7 +192,7 @@ def _stream_spec():
 
 def test_a_stream_cancelled_while_it_waits_for_tokens_abandons_its_request(monkeypatch):
     """Django cancels the response task when the ASGI server reports the client gone."""
-    from gateway import dispatch, views
+    from gateway import dispatch, lifecycle, views
 
     relay, abandoned, recorded = _Waiting(), [], []
 
@@ -201,10 +201,10 @@ def test_a_stream_cancelled_while_it_waits_for_tokens_abandons_its_request(monke
 
     monkeypatch.setattr(dispatch, "relay", relay.relay)
     monkeypatch.setattr(dispatch, "abandon", abandon)
-    monkeypatch.setattr(dispatch, "record", relaying.async_append(recorded))
+    monkeypatch.setattr(lifecycle, "record", relaying.async_append(recorded))
 
     async def scenario():
-        stream = views._stream(relaying.job("cmpl-gone"), relaying.MODEL, _stream_spec())
+        stream = views._stream(relaying.enqueued("cmpl-gone", _stream_spec()))
         consumer = asyncio.ensure_future(_frames(stream))
         await relay.waiting.wait()
         consumer.cancel()
@@ -234,7 +234,7 @@ def test_a_stream_the_server_stops_consuming_abandons_its_request_at_once(monkey
     monkeypatch.setattr(dispatch, "abandon", abandon)
 
     async def scenario():
-        response = views._EventStreamResponse(views._stream(relaying.job("cmpl-stuck"), relaying.MODEL, _stream_spec()))
+        response = views._EventStreamResponse(views._stream(relaying.enqueued("cmpl-stuck", _stream_spec())))
         frames = aiter(response)
         await anext(frames)  # the opening frame
         await anext(frames)  # a delta: the stream's generator now waits at a yield

@@ -11,14 +11,14 @@ from tests.gateway import relaying
 
 
 def _usage(request_id: str):
-    from workers.protocol import Usage
+    from contract.protocol import Usage
 
     return Usage(request_id=request_id, tenant_id=1, key_id=1, model="m", prompt_tokens=1, completion_tokens=3,
                  finish_reason="length")  # fmt: skip
 
 
 def test_the_events_of_one_read_are_one_part_and_the_last_part_follows_the_usage_record(monkeypatch):
-    from gateway import dispatch, views
+    from gateway import dispatch, lifecycle, views
     from gateway.validation import chat_request
 
     recorded = []
@@ -29,12 +29,12 @@ def test_the_events_of_one_read_are_one_part_and_the_last_part_follows_the_usage
         yield [dispatch.Delta("!", 1), dispatch.Done(_usage(job.request_id))]
 
     monkeypatch.setattr(dispatch, "relay", relay)
-    monkeypatch.setattr(dispatch, "record", relaying.async_append(recorded))
+    monkeypatch.setattr(lifecycle, "record", relaying.async_append(recorded))
     spec = chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
 
     async def parts():
         seen = []
-        async for part in views._stream(relaying.job("chatcmpl-parts"), relaying.MODEL, spec):
+        async for part in views._stream(relaying.enqueued("chatcmpl-parts", spec)):
             seen.append((part, list(recorded)))
         return seen
 
@@ -56,45 +56,46 @@ def test_the_events_of_one_read_are_one_part_and_the_last_part_follows_the_usage
     assert seen[0][1] == []
 
 
-def _a_request_whose_usage_record_finds_redis_down(monkeypatch) -> None:
+def _a_request_whose_usage_record_finds_redis_down(monkeypatch, settings) -> None:
     """The relay yields "ok" and the end; the ledger's fast path then finds Redis unreachable."""
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from gateway import dispatch
+    from gateway import dispatch, lifecycle
 
     async def relay(job, model):
         yield [dispatch.Delta("ok", 1), dispatch.Done(_usage(job.request_id))]
 
-    async def record(request_id):
+    def ledger_flush(request_ids):
         raise RedisConnectionError("Connection refused")
 
+    settings.LEDGER_BATCH_SECONDS = 0  # the row is written at once, on a gateway thread
     monkeypatch.setattr(dispatch, "relay", relay)
-    monkeypatch.setattr(dispatch, "record", record)
+    monkeypatch.setattr(lifecycle, "ledger_flush", ledger_flush)
 
 
-def test_a_usage_record_that_finds_redis_down_still_ends_the_reply(monkeypatch):
+def test_a_usage_record_that_finds_redis_down_still_ends_the_reply(monkeypatch, settings):
     from gateway import views
     from gateway.validation import completion_request
 
-    _a_request_whose_usage_record_finds_redis_down(monkeypatch)
+    _a_request_whose_usage_record_finds_redis_down(monkeypatch, settings)
     spec = completion_request({"model": "m", "prompt": "hi", "stream": True})
 
     async def parts():
-        return [part async for part in views._stream(relaying.job("cmpl-norecord"), relaying.MODEL, spec)]
+        return [part async for part in views._stream(relaying.enqueued("cmpl-norecord", spec))]
 
     (part,) = asyncio.run(parts())
     assert isinstance(part, FinalPart)
     assert part.decode().endswith("data: [DONE]\n\n")  # the periodic flush settles it from the worker's entry
 
 
-def test_a_non_streamed_reply_whose_usage_record_finds_redis_down_is_still_returned(monkeypatch):
+def test_a_non_streamed_reply_whose_usage_record_finds_redis_down_is_still_returned(monkeypatch, settings):
     from gateway import views
     from gateway.validation import completion_request
 
-    _a_request_whose_usage_record_finds_redis_down(monkeypatch)
+    _a_request_whose_usage_record_finds_redis_down(monkeypatch, settings)
     spec = completion_request({"model": "m", "prompt": "hi"})
 
-    response = asyncio.run(views._collect(relaying.job("cmpl-collected"), relaying.MODEL, spec))
+    response = asyncio.run(views._collect(relaying.enqueued("cmpl-collected", spec)))
 
     assert response.status_code == 200
     assert json.loads(response.content)["choices"][0]["text"] == "ok"
