@@ -79,6 +79,7 @@ def redis_round_trips(monkeypatch) -> list[int]:
     return trips
 
 
+from tests.clock import clock  # noqa: E402, F401  (the product's clock, moved by a test)
 from tests.e2e.stack import live_stack, stack_database_url, stack_redis_url, tiny_stack  # noqa: E402, F401  (session fixture: gunicorn + Celery + vLLM)
 
 

@@ -13,10 +13,8 @@ request larger than a limit's whole capacity, which no wait can admit; `quota_ad
 `check_only` runs the same script without reserving anything and raises QuotaExceeded for a request
 over a limit right now.
 
-Settle is called where usage becomes durable, by one module (quotas/settlement.py): when a usage
-entry is put into, or drained from, the `ledger:pending` buffer, which covers a finished request, a
-client disconnect (the worker reports what it generated), a request taken back from the queue and a
-lost worker; and for reservations nobody settled in time (a crashed gateway), from the ledger.
+Settle is called where usage becomes durable (quotas/settlement.py); every such path is listed in
+gateway/lifecycle.py, "How usage becomes final".
 """
 
 import json
@@ -26,8 +24,10 @@ from typing import Any
 
 from redis.commands.core import Script
 
+from contract.settle import RESERVATIONS, resv_key
+from core import clock
 from quotas.limits import Limits
-from quotas.scripts import RESERVATIONS, quota_script, resv_key
+from quotas.scripts import quota_script
 
 # A reservation (and the slot it holds) lives at most this long: the lifetime of a request's keys.
 HOLD_SECONDS = 3600
@@ -200,7 +200,8 @@ def admit_call(
     """The keys and arguments of the admit script (`quota_admit`)."""
     scopes = [tenant_scope(tenant_id)]
     args = [request_id, prompt_tokens, max_tokens, int(implicit_max_tokens), limits.period.id,
-            int(limits.period.end.timestamp()), HOLD_SECONDS, int(check_only), max(1, choices)]  # fmt: skip
+            int(limits.period.end.timestamp()), HOLD_SECONDS, int(check_only), max(1, choices),
+            clock.offset()]  # fmt: skip
     args += _scope_args(limits.tenant, limits.tenant_used)
     if limits.key is not None:
         scopes.append(key_scope(key_id))

@@ -5,7 +5,8 @@ digest of the whole key (keyed by settings.API_KEY_HMAC_KEY), which is compared 
 """
 
 from django.db import models
-from django.utils import timezone
+
+from core import clock
 
 
 class Tenant(models.Model):
@@ -41,7 +42,7 @@ class ApiKey(models.Model):
         return f"{self.tenant.name}/{self.prefix}"
 
     def is_usable(self, now=None) -> bool:
-        now = now or timezone.now()
+        now = now or clock.now()
         if self.revoked_at is not None and self.revoked_at <= now:
             return False
         return self.expires_at is None or self.expires_at > now

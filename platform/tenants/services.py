@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from config.database import OUTAGE_ERRORS, database_failed, database_reachable, read_with_fallback
 from config.redis_client import get_redis
+from core import clock
 from core.errors import Conflict
 from tenants import auth_cache
 from tenants.keys import digests_match, key_generate, key_prefix
@@ -90,7 +91,7 @@ def apikey_rotate(*, api_key: ApiKey, grace_seconds: int = 0) -> tuple[ApiKey, s
         allowed_models=api_key.allowed_models,
         is_admin=api_key.is_admin,
     )
-    api_key.revoked_at = timezone.now() + dt.timedelta(seconds=max(0, grace_seconds))
+    api_key.revoked_at = clock.now() + dt.timedelta(seconds=max(0, grace_seconds))
     api_key.save(update_fields=["revoked_at"])
     rotated.send(sender=ApiKey, old=api_key, new=new_key)
     return new_key, plaintext
@@ -109,7 +110,7 @@ def apikey_revoke(*, api_key: ApiKey) -> bool:
     else when the caller's transaction commits), no request authenticated with the key starts any
     more, in any web process: the post-save hook clears its cached record after commit.
     """
-    now = timezone.now()
+    now = clock.now()
     current = ApiKey.objects.select_for_update().only("revoked_at").get(pk=api_key.pk)
     if current.revoked_at is not None and current.revoked_at <= now:
         api_key.revoked_at = current.revoked_at
@@ -180,7 +181,7 @@ def apikey_authenticate_reading(*, plaintext: str, also: Sequence[str] = ()) -> 
     record, values = _cached_key_record(prefix, also)
     if record is None or not digests_match(record["digest"], plaintext):
         raise AuthenticationFailed("Incorrect API key provided.")
-    now = timezone.now().timestamp()
+    now = clock.timestamp()
     if record["revoked_at"] is not None and record["revoked_at"] <= now:
         raise AuthenticationFailed("This API key has been revoked.")
     if record["expires_at"] is not None and record["expires_at"] <= now:

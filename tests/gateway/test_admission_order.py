@@ -13,12 +13,11 @@ from django.test import Client
 
 from catalog import selectors
 from catalog.models import ServedModel
+from contract.protocol import pool_waiting_key
 from gateway import dispatch, tokenization
 from quotas.admission import quota_admit
 from quotas.limits import limits_for
 from quotas.services import key_quota_set, plan_create, tenant_quota_set
-from tests.quotas.helpers import wait_for_window_room
-from workers.protocol import pool_waiting_key
 
 # The views run on gateway threads, with connections of their own: the test data must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -137,10 +136,10 @@ def test_a_prompt_far_over_the_context_length_is_refused_before_tokenizing(alice
 
 
 def test_a_prompt_over_the_window_left_is_refused_after_tokenizing_but_before_waiting_for_a_worker(
-    alice, redis_client, tokenizer_calls
+    alice, redis_client, tokenizer_calls, clock
 ):
     tenant, key = alice
-    wait_for_window_room(redis_client)
+    clock.to_window_start(redis_client)
     tenant_quota_set(tenant=tenant, input_tpm=30)
     _hold_a_reservation(tenant, prompt_tokens=25)  # 5 prompt tokens left in this minute
 
@@ -209,9 +208,11 @@ def test_a_prompt_that_can_never_fit_the_input_tpm_is_a_400_naming_the_prompt(
     assert not redis_client.exists(pool_waiting_key(POOL))
 
 
-def test_a_request_that_fits_once_the_window_frees_up_is_a_429_with_retry_after(alice, a_ready_worker, redis_client):
+def test_a_request_that_fits_once_the_window_frees_up_is_a_429_with_retry_after(
+    alice, a_ready_worker, redis_client, clock
+):
     tenant, key = alice
-    wait_for_window_room(redis_client)
+    clock.to_window_start(redis_client)
     tenant_quota_set(tenant=tenant, output_tpm=10)
     _hold_a_reservation(tenant, max_tokens=8)
 

@@ -18,7 +18,6 @@ from tests.quotas.helpers import (
     admit_concurrently,
     billed_tokens,
     thread_redis,
-    wait_for_window_room,
     worker_reports,
 )
 
@@ -59,11 +58,11 @@ def test_200_concurrent_requests_never_overrun_a_budget_covering_50(alice, redis
     assert int(redis_client.get(f"{tenant_scope(tenant.id)}:bud:{Period.current().id}")) == billed
 
 
-def test_an_rpm_limit_admits_exactly_the_limit_per_window_under_concurrency(alice, redis_client):
+def test_an_rpm_limit_admits_exactly_the_limit_per_window_under_concurrency(alice, redis_client, clock):
     tenant, key_id = alice
     tenant_quota_set(tenant=tenant, rpm=37)
     limits = limits_for(tenant_id=tenant.id, key_id=key_id)
-    wait_for_window_room(redis_client)
+    clock.to_window_start(redis_client)
 
     results = admit_concurrently(200, lambda: admit(limits, tenant, key_id))
 
@@ -138,11 +137,11 @@ def test_an_implicit_max_tokens_is_lowered_to_the_remaining_budget_instead_of_re
     assert isinstance(after, QuotaExceeded) and after.limit == "budget_tokens"
 
 
-def test_settling_returns_unused_output_tokens_to_the_window(alice, redis_client):
+def test_settling_returns_unused_output_tokens_to_the_window(alice, redis_client, clock):
     tenant, key_id = alice
     tenant_quota_set(tenant=tenant, output_tpm=100)
     limits = limits_for(tenant_id=tenant.id, key_id=key_id)
-    wait_for_window_room(redis_client)
+    clock.to_window_start(redis_client)
 
     rid, first = admit(limits, tenant, key_id, max_tokens=80)
     _, second = admit(limits, tenant, key_id, max_tokens=80)
@@ -168,13 +167,13 @@ def test_a_replayed_worker_result_is_counted_once(alice, redis_client):
     assert quota_settle(request_id=rid, prompt_tokens=10, completion_tokens=7) is False
 
 
-def test_a_key_with_stricter_limits_of_its_own_is_held_to_them(alice, redis_client):
+def test_a_key_with_stricter_limits_of_its_own_is_held_to_them(alice, redis_client, clock):
     tenant, key_id = alice
     plan = plan_create(name="team", rpm=100)
     tenant_quota_set(tenant=tenant, plan=plan)
     strict_key, _ = apikey_create(tenant=tenant, name="ci")
     key_quota_set(api_key=strict_key, rpm=3)
-    wait_for_window_room(redis_client)
+    clock.to_window_start(redis_client)
 
     strict = [admit(limits_for(tenant_id=tenant.id, key_id=strict_key.id), tenant, strict_key.id)[1] for _ in range(5)]
     other = [admit(limits_for(tenant_id=tenant.id, key_id=key_id), tenant, key_id)[1] for _ in range(5)]
@@ -186,11 +185,11 @@ def test_a_key_with_stricter_limits_of_its_own_is_held_to_them(alice, redis_clie
     assert other[-1].headers["x-ratelimit-remaining-requests"] == str(100 - 8)
 
 
-def test_replies_carry_ratelimit_headers(alice, redis_client):
+def test_replies_carry_ratelimit_headers(alice, redis_client, clock):
     tenant, key_id = alice
     tenant_quota_set(tenant=tenant, rpm=10, input_tpm=1000, output_tpm=500, budget_tokens=5000)
     limits = limits_for(tenant_id=tenant.id, key_id=key_id)
-    wait_for_window_room(redis_client)
+    clock.to_window_start(redis_client)
 
     _, ok = admit(limits, tenant, key_id, prompt=10, max_tokens=16)
 

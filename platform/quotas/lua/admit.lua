@@ -3,10 +3,11 @@
 -- ARGV: rid, prompt_tokens, max_tokens, implicit (1: max_tokens was not asked for and may be lowered),
 --       period id, period end (unix s), hold seconds, check_only (1: decide, reserve nothing),
 --       least_grant (the fewest completion tokens an implicit max_tokens may be lowered to: one per
---       choice of n), then per scope: rpm, input_tpm, output_tpm, concurrency, budget, budget_seed (-1: no limit)
+--       choice of n), clock offset (seconds added to Redis's clock: 0 but in tests, core/clock.py),
+--       then per scope: rpm, input_tpm, output_tpm, concurrency, budget, budget_seed (-1: no limit)
 -- Returns {1, granted_max_tokens, headers_json} or {0, limit_hit, retry_after_s, headers_json}.
 local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[10])
 local minute = math.floor(now / 60)
 local window_reset = 60 - (now - minute * 60)
 local rid = ARGV[1]
@@ -22,7 +23,7 @@ local budget_ttl = math.max(60, math.floor(period_end - now) + 40 * 86400)
 
 local scopes = {}
 for i = 3, #KEYS do
-  local a = 9 + (i - 3) * 6
+  local a = 10 + (i - 3) * 6
   local p = KEYS[i]
   local s = {p = p, rpm = tonumber(ARGV[a + 1]), itpm = tonumber(ARGV[a + 2]), otpm = tonumber(ARGV[a + 3]),
              conc = tonumber(ARGV[a + 4]), budget = tonumber(ARGV[a + 5])}
