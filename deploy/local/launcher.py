@@ -48,6 +48,7 @@ __all__ = [
     "wait_worker_ready",
     "web_command",
     "worker_command",
+    "worker_env",
 ]
 
 # The Celery worker's entry module (the app plus the worker runtime's signal handlers); the web tier
@@ -75,6 +76,17 @@ def worker_command(
         sys.executable, "-m", "celery", "-A", app, "worker", "--pool", "threads",
         "--concurrency", str(concurrency), "-Q", queues, "-n", f"{name}@%h", "--loglevel", loglevel,
     ]  # fmt: skip
+
+
+def worker_env(
+    env: dict[str, str], pool: str, *, model: str, model_path: str | Path, pod: str | None = None, **own: str
+) -> dict[str, str]:
+    """A worker's environment: ``env``, its engine's model and pool, ``pod`` (what a drain names; by
+    default ``env``'s POD_NAME, else the host's name) and ``own`` on top."""
+    engine = {"SERVED_MODEL": model, "MODEL_PATH": str(model_path), "WORKER_POOL": pool}
+    if pod is not None:
+        engine["POD_NAME"] = pod
+    return {**env, **engine, **own}
 
 
 def beat_command(schedule: Path, loglevel: str = "INFO") -> list[str]:
@@ -343,15 +355,6 @@ class Stack:
             web.wait_http(f"{self.base_url}/healthz", timeout)
         return web
 
-    def worker_env(self, pool: str, *, model: str, model_path: str | Path, pod: str | None = None,
-                   **env: str) -> dict[str, str]:  # fmt: skip
-        """A worker's environment: the stack's, its engine's model and pool, and ``pod`` (what a drain
-        names; by default the environment's POD_NAME, else the host's name)."""
-        own = {"SERVED_MODEL": model, "MODEL_PATH": str(model_path), "WORKER_POOL": pool}
-        if pod is not None:
-            own["POD_NAME"] = pod
-        return {**self.env, **own, **env}
-
     def start_worker(
         self,
         name: str,
@@ -372,8 +375,8 @@ class Stack:
         pool's queue and ``control``); ``app``: the module ``celery -A`` loads; ``wrap``: a function of
         its command line (a benchmark's wrapper around Celery); ``env``: its own variables."""
         argv = worker_command(name, queues or f"pool.{pool},control", concurrency, loglevel=loglevel, app=app)
-        worker_env = self.worker_env(pool, model=model, model_path=model_path, pod=pod, **env)
-        return self.start(name, wrap(argv) if wrap else argv, worker_env, engine=True)
+        own_env = worker_env(self.env, pool, model=model, model_path=model_path, pod=pod, **env)
+        return self.start(name, wrap(argv) if wrap else argv, own_env, engine=True)
 
     def start_beat(self, schedule: Path | None = None, loglevel: str = "INFO") -> Child:
         """Celery beat, its schedule state in ``schedule`` (default beside the logs)."""

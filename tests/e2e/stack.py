@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from deploy.local import launcher
-from deploy.local.launcher import CELERY_APP, free_port, stack_env, worker_command
+from deploy.local.launcher import CELERY_APP, free_port, stack_env, worker_command, worker_env
 
 __all__ = ["free_port"]
 
@@ -56,11 +56,10 @@ class Stack(launcher.Stack):
     def worker_command(self, name: str, pool: str, concurrency: int = 64, app: str = CELERY_APP) -> list[str]:
         return worker_command(name, f"pool.{pool},control", concurrency, app=app)
 
-    def worker_env(self, name: str, pool: str, model_path=None, **env: str) -> dict:
-        return super().worker_env(
-            pool, model=MODEL, model_path=model_path or self.model_dir, pod=f"{name}-pod",
-            ENGINE_PROFILE="cpu", ENGINE_LORA="1", **env,
-        )  # fmt: skip
+    def worker_env(self, name: str, pool: str, model_path=None) -> dict:
+        """The environment ``start_worker`` gives worker ``name`` (for a worker a test runs itself)."""
+        return worker_env(self.env, pool, model=MODEL, model_path=model_path or self.model_dir, pod=f"{name}-pod",
+                          ENGINE_PROFILE="cpu", ENGINE_LORA="1")  # fmt: skip
 
     def start_worker(self, name: str = "e2e", pool: str = POOL, concurrency: int = 64, **options) -> launcher.Child:
         """A Celery worker with an engine on `pool` (``children[name]``); `options` as the launcher's

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from deploy.local.launcher import CELERY_APP, Child, beat_command, stop_all, web_command, worker_command
+from deploy.local.launcher import (
+    CELERY_APP,
+    Child,
+    Stack,
+    beat_command,
+    stack_env,
+    stop_all,
+    web_command,
+    worker_command,
+)
 from deploy.local.services import REPO_ROOT, pid_alive
 
 
@@ -37,7 +46,7 @@ def test_every_process_of_the_stack_runs_the_same_commands():
 
 
 def test_the_source_roots_are_on_the_venvs_path_without_pythonpath():
-    result = _python("import config.env, workers.protocol, deploy.local.launcher, platform; print(platform.system())",
+    result = _python("import contract.env, workers.broker, deploy.local.launcher, platform; print(platform.system())",
                      PYTHONPATH="")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "Linux"  # the standard library's platform module, not the source root
@@ -100,3 +109,31 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return False
+
+
+def test_a_stack_runs_several_workers_of_one_pool_each_in_its_own_process(tmp_path):
+    """The launcher's Stack starts any number of named workers of one pool (a fleet), each with its
+    own environment; a name in use is refused. The workers' Celery command line is swapped for a
+    process that reports what it was given (``wrap``), so no engine starts."""
+    report = (
+        "import os, time; print(os.environ['WORKER_POOL'], os.environ['POD_NAME'], os.environ['ROLE'], flush=True); "
+        "time.sleep(600)"
+    )
+
+    def reporter(argv: list[str]) -> list[str]:
+        assert argv[argv.index("-Q") + 1] == "pool.tiny,control"
+        return [sys.executable, "-c", report]
+
+    stack = Stack(stack_env("postgres://unused", "redis://unused"), log_dir=tmp_path)
+    try:
+        for name in ("w0", "w1", "w2"):
+            stack.start_worker(name, "tiny", model="m", model_path="/m", pod=name, wrap=reporter, ROLE=f"{name}-role")
+        with pytest.raises(ValueError, match="w1"):
+            stack.start_worker("w1", "tiny", model="m", model_path="/m", wrap=reporter)
+        for name in ("w0", "w1", "w2"):
+            line, log = f"tiny {name} {name}-role", tmp_path / f"{name}.log"
+            _wait_for(lambda line=line, log=log: line in log.read_text(), f"{name} never reported")
+        assert len({child.pid for child in stack.children.values()}) == 3
+    finally:
+        killed = stack.stop_all(timeout=30)
+    assert killed == [] and stack.children == {}
