@@ -2,22 +2,16 @@
 
 vLLM's ``AsyncLLM`` lives on an asyncio event loop; ``EngineHost`` runs that loop in a daemon
 thread. All requests go to the same engine, so vLLM's continuous batching decodes them together
-(DESIGN.md: 17x the sequential throughput at 32 streams on the tiny model). Two ways in:
-
-- ``submit(..., sink)``: the request's outputs are handed to ``sink`` on the event loop itself.
-  The GPU worker uses this (workers/relay.py): one coroutine relays every request in flight, so no
-  thread per request touches its tokens.
-- ``stream(...)``: an ``EngineStream`` a thread iterates (tests, tools). Coalesced: at most one
-  ``EngineChunk`` per ``flush_interval``, the first and the last chunk without delay; the loop only
-  appends to a buffer and wakes the reader when it waits for output or the request ends.
+(DESIGN.md: 17x the sequential throughput at 32 streams on the tiny model). A request goes in with
+``submit(..., sink)``: its outputs are handed to ``sink`` on the event loop itself. The worker's relay
+(workers/relay.py) is that sink: one coroutine relays every request in flight, so no thread per
+request touches its tokens.
 
 Typical use::
 
     host = EngineHost(model_path, profile="cpu")
     host.start()                                  # blocks until the engine is ready
-    with host.stream("req-1", prompt_ids, {"max_tokens": 64}) as chunks:
-        for chunk in chunks:                      # closing early aborts the request
-            ...
+    host.submit("req-1", prompt_ids, {"max_tokens": 64}, sink)
     host.shutdown()
 """
 
@@ -31,8 +25,7 @@ import operator
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from workers.profiles import engine_args_for, engine_env_for
@@ -41,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 STARTING, READY, FAILED, STOPPED = "starting", "ready", "failed", "stopped"
 
-# Request parameters ``EngineHost.stream`` accepts, mapped onto vLLM's SamplingParams (all but
+# Request parameters ``EngineHost.submit`` accepts, mapped onto vLLM's SamplingParams (all but
 # ``priority``, a scheduler argument, and ``cache_salt``, a prompt field that keeps one tenant's
 # prefix-cache entries from being hit by another tenant's prompts).
 SAMPLING_KEYS = frozenset(
@@ -110,210 +103,6 @@ class OutputSink(Protocol):
     ) -> None: ...
 
     def end(self, finish_reason: str | None, error: BaseException | None = None) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class EngineChunk:
-    """New output of one request since the previous chunk.
-
-    ``text``/``token_ids``/``token_count`` are the new completion text and tokens in this chunk;
-    ``completion_tokens`` is the running total. ``ttft`` (seconds from submission to the first
-    token) is set on every chunk from the first one with tokens on; ``decode_time`` (first token to
-    finish) and ``finish_reason`` (``stop``, ``length`` or ``abort``) on the final chunk only.
-    """
-
-    text: str
-    token_count: int
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    ttft: float | None
-    completion_tokens: int
-    token_ids: tuple[int, ...] = ()
-    decode_time: float | None = None
-
-
-class _RequestBuffer:
-    """What the engine produced for one request and the reader has not taken yet.
-
-    Written on the event loop thread, read on the consumer thread, under ``cond``.
-    """
-
-    __slots__ = (
-        "request_id",
-        "prompt_tokens",
-        "submitted_at",
-        "cond",
-        "texts",
-        "token_ids",
-        "finished",
-        "finish_reason",
-        "error",
-        "first_token_at",
-        "finished_at",
-        "completion_tokens",
-        "taken",
-        "abandoned",
-        "reader_waiting",
-    )
-
-    def __init__(self, request_id: str, prompt_tokens: int, submitted_at: float) -> None:
-        self.request_id = request_id
-        self.prompt_tokens = prompt_tokens
-        self.submitted_at = submitted_at
-        self.cond = threading.Condition(threading.Lock())
-        self.texts: list[str] = []
-        self.token_ids: list[int] = []
-        self.finished = False
-        self.finish_reason: str | None = None
-        self.error: BaseException | None = None
-        self.first_token_at: float | None = None
-        self.finished_at: float | None = None
-        self.completion_tokens = 0
-        self.taken = False  # the final chunk has been handed out
-        self.abandoned = False  # the reader closed the stream
-        self.reader_waiting = False  # the reader sleeps until output arrives (not until its deadline)
-
-    def prefilled(self, prompt_tokens: int, cached_tokens: int = 0) -> None:
-        with self.cond:
-            self.prompt_tokens = prompt_tokens
-
-    def push(
-        self, text: str, token_ids: list[int], finished: bool, finish_reason: str | None, index: int = 0,
-        logprobs: list | None = None,
-    ) -> None:  # fmt: skip
-        """One choice's new output (a reader of ``stream`` reads single-choice requests)."""
-        now = time.monotonic()
-        with self.cond:
-            if self.finished:
-                return
-            if token_ids and self.first_token_at is None:
-                self.first_token_at = now
-            if text:
-                self.texts.append(text)
-            self.token_ids.extend(token_ids)
-            self.completion_tokens += len(token_ids)
-            if finished:
-                self.finished, self.finish_reason, self.finished_at = True, finish_reason, now
-            # Wake the reader only when it waits for output, or for the end: while it sleeps until
-            # its flush deadline it wakes by itself, and an early wake-up is a thread switch for
-            # nothing (it only goes back to sleep).
-            if finished or (self.reader_waiting and (text or token_ids)):
-                self.cond.notify()
-
-    def end(self, finish_reason: str | None, error: BaseException | None = None) -> None:
-        """Finish the request (idempotent): after an error, a cancellation or a shutdown."""
-        with self.cond:
-            if self.finished:
-                return
-            self.finished, self.finish_reason, self.error = True, finish_reason, error
-            self.finished_at = time.monotonic()
-            self.cond.notify()
-
-    def has_pending(self) -> bool:
-        return bool(self.texts or self.token_ids)
-
-    def drain(self) -> EngineChunk:
-        """Everything pending as one chunk. Caller holds ``cond``."""
-        text, token_ids = "".join(self.texts), tuple(self.token_ids)
-        self.texts.clear()
-        self.token_ids.clear()
-        ttft = None if self.first_token_at is None else self.first_token_at - self.submitted_at
-        decode_time = None
-        if self.finished and self.first_token_at is not None and self.finished_at is not None:
-            decode_time = self.finished_at - self.first_token_at
-        return EngineChunk(
-            text=text,
-            token_count=len(token_ids),
-            finished=self.finished,
-            finish_reason=self.finish_reason if self.finished else None,
-            prompt_tokens=self.prompt_tokens,
-            ttft=ttft,
-            completion_tokens=self.completion_tokens,
-            token_ids=token_ids,
-            decode_time=decode_time,
-        )
-
-
-class EngineStream(Iterator[EngineChunk]):
-    """The chunks of one request, for one consumer thread.
-
-    Closing it (``close()``, leaving its ``with`` block, or dropping it) before the final chunk
-    aborts the request in the engine.
-    """
-
-    def __init__(self, host: EngineHost, buffer: _RequestBuffer, flush_interval: float) -> None:
-        self._host = host
-        self._buffer = buffer
-        self._flush_interval = flush_interval
-        self._last_emit: float | None = None
-        self._closed = False
-
-    @property
-    def request_id(self) -> str:
-        return self._buffer.request_id
-
-    def __iter__(self) -> EngineStream:
-        return self
-
-    def __next__(self) -> EngineChunk:
-        buf = self._buffer
-        if self._closed or buf.taken:
-            raise StopIteration
-        with buf.cond:
-            while not buf.has_pending() and not buf.finished:
-                buf.reader_waiting = True
-                buf.cond.wait()
-            buf.reader_waiting = False
-            self._wait_flush_deadline()
-            error = buf.error
-            chunk = buf.drain()
-            buf.taken = chunk.finished
-        if chunk.text or self._last_emit is not None:
-            # Coalescing starts from the first text sent: a first chunk of tokens whose text the
-            # detokenizer still holds back (a partial character or word) must not make the first
-            # visible text wait a whole interval (clients measure time to first text).
-            self._last_emit = time.monotonic()
-        if chunk.finished:
-            self._host._forget(buf.request_id, buf)
-        if error is not None:
-            raise error
-        return chunk
-
-    def _wait_flush_deadline(self) -> None:
-        """Let output accumulate until ``flush_interval`` after the previous chunk (caller holds
-        the condition). Chunks up to the first text, and the final one, go out at once."""
-        if self._last_emit is None:
-            return
-        buf = self._buffer
-        deadline = self._last_emit + self._flush_interval
-        while not buf.finished:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            buf.cond.wait(remaining)
-
-    def close(self) -> None:
-        """Stop reading; aborts the request if it has not finished."""
-        if self._closed:
-            return
-        self._closed = True
-        with self._buffer.cond:
-            self._buffer.abandoned = True
-            unfinished = not self._buffer.finished
-        if unfinished:
-            self._host.abort(self.request_id)
-        self._host._forget(self.request_id, self._buffer)
-
-    def __enter__(self) -> EngineStream:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit there is nothing left to abort
-            self.close()
 
 
 def _engine_prompt(token_ids: list[int], cache_salt: Any, multi_modal_data: Mapping[str, Any] | None) -> dict:
@@ -491,6 +280,13 @@ class EngineHost:
                 self.engine_args.get("model"),
             )
 
+    def kv_cache_tokens(self) -> int:
+        """The tokens the engine's KV cache holds (its blocks times their size; 0 before it is
+        ready or where vLLM does not say): the routing sizes its picture of this cache by it."""
+        cache = getattr(getattr(self._engine, "vllm_config", None), "cache_config", None)
+        blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
+        return int(blocks) * int(size) if blocks and size else 0
+
     def _fail_start(self, reason: str, cause: BaseException | None = None) -> None:
         self.failure = reason
         self._set_state(FAILED)
@@ -522,7 +318,7 @@ class EngineHost:
             thread.join(timeout=30)
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the engine and its processes; open streams end with ``EngineNotReady``. Idempotent.
+        """Stop the engine and its processes; open requests' sinks end with ``EngineNotReady``. Idempotent.
 
         ``timeout`` is the grace the engine processes get to exit cleanly before they are killed
         (a killed engine core leaks its shared-memory segments).
@@ -565,22 +361,6 @@ class EngineHost:
         await asyncio.gather(*pending, return_exceptions=True)
 
     # -- requests ----------------------------------------------------------------------------
-
-    def stream(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: Mapping[str, Any] | None = None,
-        flush_interval: float = 0.02,
-        multi_modal_data: Mapping[str, Any] | None = None,
-    ) -> EngineStream:
-        """Submit a request now and return its chunks (see ``EngineChunk``), for a reader thread.
-
-        Raises like ``submit``; errors the engine reports later are raised by the iteration.
-        """
-        buf = _RequestBuffer(request_id, len(prompt_token_ids), time.monotonic())
-        self.submit(request_id, prompt_token_ids, params, buf, multi_modal_data=multi_modal_data)
-        return EngineStream(self, buf, flush_interval)
 
     def submit(
         self,
@@ -642,8 +422,8 @@ class EngineHost:
                     widen = False
                     self._widen_stream_interval(request_id)
                 _push(sink, output)
-                # A reader that left before the request reached the engine was not covered by its
-                # abort(): stop here; closing the generator makes vLLM abort the request.
+                # A sink that stopped wanting output (``abandoned``) before the engine knew the
+                # request: stop here; closing the generator makes vLLM abort the request.
                 if output.finished or sink.abandoned:
                     break
             await outputs.aclose()
@@ -686,25 +466,6 @@ class EngineHost:
         except AttributeError:
             logger.warning("this vLLM's output processor has no per-request stream interval to widen", exc_info=True)
             self.text_stream_interval = 1
-
-    def abort(self, request_id: str) -> None:
-        """Abort a request (no-op if unknown or finished); its stream ends with ``abort``."""
-        loop, engine = self._loop, self._engine
-        if loop is None or engine is None or loop.is_closed():
-            return
-        with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
-            asyncio.run_coroutine_threadsafe(engine.abort(request_id), loop)
-
-    def num_unfinished_requests(self) -> int:
-        """Requests the engine still tracks (submitted, not finished or aborted)."""
-        loop, engine = self._loop, self._engine
-        if loop is None or engine is None:
-            return 0
-
-        async def count() -> int:
-            return engine.get_num_unfinished_requests()
-
-        return asyncio.run_coroutine_threadsafe(count(), loop).result(timeout=10)
 
     async def load_adapter(self, lora_request: Any) -> None:
         """Load a LoRA adapter into the engine now; call on the engine's loop. A file vLLM cannot load

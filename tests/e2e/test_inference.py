@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from tests.e2e.stack import disconnect_mid_stream, engine_paused, requests_in_flight, wait_usage_row
+from tests.workers.engine_stream import open_stream
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -41,9 +42,8 @@ def reference_engine(tiny_model_dir):
 
 
 def engine_text(engine, prompt_ids: list[int], max_tokens: int) -> tuple[str, int]:
-    chunks = list(
-        engine.stream("ref-" + str(time.monotonic_ns()), prompt_ids, {"temperature": 0.0, "max_tokens": max_tokens})
-    )
+    params = {"temperature": 0.0, "max_tokens": max_tokens}
+    chunks = list(open_stream(engine, "ref-" + str(time.monotonic_ns()), prompt_ids, params))
     return "".join(c.text for c in chunks), sum(c.token_count for c in chunks)
 
 

@@ -22,6 +22,7 @@ def engine_host(engine_model_dir):
     """A started ``EngineHost`` on the tiny model, with the worker's default of 8 tokens an output
     once a request shows text (WORKER_ENGINE_STREAM_INTERVAL); shut down (and checked) at the end of
     the session."""
+    from tests.workers.engine_stream import open_stream
     from workers.engine import EngineHost, EngineNotReady
 
     host = EngineHost(str(engine_model_dir), profile="cpu", served_model_name="tiny-gemma4", enforce_eager=True,
@@ -31,7 +32,7 @@ def engine_host(engine_model_dir):
     host.shutdown()
     assert host.state == "stopped"
     with pytest.raises(EngineNotReady):
-        host.stream("after-shutdown", [2, 4, 5], {"max_tokens": 1})
+        open_stream(host, "after-shutdown", [2, 4, 5], {"max_tokens": 1})
 
 
 @pytest.fixture(scope="session")

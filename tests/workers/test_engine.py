@@ -12,6 +12,7 @@ import uuid
 
 import pytest
 
+from tests.workers.engine_stream import open_stream, unfinished_requests
 from workers.engine import EngineHost, EngineNotReady, EngineStartError, RequestRejected
 
 pytestmark = pytest.mark.engine
@@ -24,7 +25,7 @@ def _rid(prefix: str = "t") -> str:
 
 
 def _collect(host, prompt_ids, params, **kwargs):
-    return list(host.stream(_rid(), prompt_ids, params, **kwargs))
+    return list(open_stream(host, _rid(), prompt_ids, params, **kwargs))
 
 
 def _ids(chunks) -> list[int]:
@@ -62,7 +63,7 @@ def _wait_until(predicate, timeout: float = 10.0) -> bool:
 def test_the_host_is_ready(engine_host):
     assert engine_host.ready
     assert engine_host.state == "ready"
-    assert engine_host.num_unfinished_requests() == 0
+    assert unfinished_requests(engine_host) == 0
 
 
 def test_greedy_output_is_deterministic_and_equals_vllm_direct(engine_host, chat_prompt_ids):
@@ -132,7 +133,7 @@ def test_the_engine_hands_on_every_token_until_the_first_text_then_a_stream_inte
 def test_deltas_are_coalesced_per_flush_interval(engine_host, chat_prompt_ids):
     params = {**GREEDY, "max_tokens": 200}
     received = []
-    for chunk in engine_host.stream(_rid(), chat_prompt_ids, params, flush_interval=0.1):
+    for chunk in open_stream(engine_host, _rid(), chat_prompt_ids, params, flush_interval=0.1):
         received.append((time.monotonic(), chunk))
     times = [at for at, chunk in received if not chunk.finished]
     gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
@@ -213,12 +214,12 @@ def test_concurrent_streams_are_batched(engine_host, chat_prompt_ids):
 
 
 def test_closing_a_stream_aborts_the_request(engine_host, chat_prompt_ids):
-    stream = engine_host.stream(_rid("abort"), chat_prompt_ids, {**GREEDY, "max_tokens": 1900})
+    stream = open_stream(engine_host, _rid("abort"), chat_prompt_ids, {**GREEDY, "max_tokens": 1900})
     first = next(stream)
     assert not first.finished
-    assert engine_host.num_unfinished_requests() == 1
+    assert unfinished_requests(engine_host) == 1
     stream.close()
-    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+    assert _wait_until(lambda: unfinished_requests(engine_host) == 0)
     assert list(stream) == []
     # The engine serves the next request normally.
     assert _collect(engine_host, chat_prompt_ids, {**GREEDY, "max_tokens": 3})[-1].completion_tokens == 3
@@ -226,26 +227,26 @@ def test_closing_a_stream_aborts_the_request(engine_host, chat_prompt_ids):
 
 def test_a_stream_closed_before_its_first_token_is_aborted(engine_host, chat_prompt_ids):
     for _ in range(5):  # closes racing the submission, at several points
-        engine_host.stream(_rid("early"), chat_prompt_ids, {**GREEDY, "max_tokens": 1900}).close()
-    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+        open_stream(engine_host, _rid("early"), chat_prompt_ids, {**GREEDY, "max_tokens": 1900}).close()
+    assert _wait_until(lambda: unfinished_requests(engine_host) == 0)
 
 
 def test_a_dropped_generator_loop_aborts_the_request(engine_host, chat_prompt_ids):
     def read_two_chunks():
         for count, _chunk in enumerate(
-            engine_host.stream(_rid("drop"), chat_prompt_ids, {**GREEDY, "max_tokens": 1900})
+            open_stream(engine_host, _rid("drop"), chat_prompt_ids, {**GREEDY, "max_tokens": 1900})
         ):
             if count == 1:
                 break  # the stream is dropped here, unclosed
 
     read_two_chunks()
-    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+    assert _wait_until(lambda: unfinished_requests(engine_host) == 0)
 
 
 def test_abort_from_another_thread_ends_the_stream_with_abort(engine_host, chat_prompt_ids):
     rid = _rid("abort")
     chunks = []
-    with engine_host.stream(rid, chat_prompt_ids, {**GREEDY, "max_tokens": 1900}) as stream:
+    with open_stream(engine_host, rid, chat_prompt_ids, {**GREEDY, "max_tokens": 1900}) as stream:
         for chunk in stream:
             chunks.append(chunk)
             if len(chunks) == 1:
@@ -253,7 +254,7 @@ def test_abort_from_another_thread_ends_the_stream_with_abort(engine_host, chat_
     assert chunks[-1].finished
     assert chunks[-1].finish_reason == "abort"
     assert chunks[-1].completion_tokens < 1900
-    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+    assert _wait_until(lambda: unfinished_requests(engine_host) == 0)
 
 
 def test_priority_is_accepted_under_fcfs_scheduling(engine_host, chat_prompt_ids):
@@ -279,13 +280,13 @@ def test_a_cache_salt_does_not_change_the_output(engine_host, chat_prompt_ids):
 )
 def test_bad_requests_are_rejected_before_submission(engine_host, prompt, params, message):
     with pytest.raises(RequestRejected, match=message):
-        engine_host.stream(_rid(), prompt, params)
+        open_stream(engine_host, _rid(), prompt, params)
 
 
 def test_a_schema_the_grammar_compiler_refuses_ends_the_request_as_rejected(engine_host):
     params = {"max_tokens": 4, "structured_outputs": {"json": {"type": "nonsense"}}}
     with pytest.raises(RequestRejected, match="nonsense"):
-        list(engine_host.stream(_rid(), [2, 4, 5], params))
+        list(open_stream(engine_host, _rid(), [2, 4, 5], params))
 
 
 def test_structured_outputs_make_even_a_random_model_write_json(engine_host, chat_prompt_ids):
@@ -305,17 +306,17 @@ def test_a_prompt_longer_than_the_context_is_rejected(engine_host):
 
 def test_a_request_id_in_flight_cannot_be_reused(engine_host, chat_prompt_ids):
     rid = _rid("dup")
-    with engine_host.stream(rid, chat_prompt_ids, {**GREEDY, "max_tokens": 1900}):
+    with open_stream(engine_host, rid, chat_prompt_ids, {**GREEDY, "max_tokens": 1900}):
         with pytest.raises(RequestRejected, match="already in flight"):
-            engine_host.stream(rid, chat_prompt_ids, {"max_tokens": 1})
-    assert _wait_until(lambda: engine_host.num_unfinished_requests() == 0)
+            open_stream(engine_host, rid, chat_prompt_ids, {"max_tokens": 1})
+    assert _wait_until(lambda: unfinished_requests(engine_host) == 0)
 
 
 def test_a_host_not_started_refuses_requests(engine_model_dir):
     host = EngineHost(str(engine_model_dir))
     assert host.state == "stopped" and not host.ready
     with pytest.raises(EngineNotReady):
-        host.stream("x", [2, 4, 5], {"max_tokens": 1})
+        open_stream(host, "x", [2, 4, 5], {"max_tokens": 1})
 
 
 def test_a_start_failure_is_reported_with_its_cause(tmp_path, monkeypatch):

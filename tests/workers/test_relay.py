@@ -19,6 +19,7 @@ import pytest
 
 from contract import protocol
 from contract.protocol import RequestInput, Usage
+from tests.workers.engine_stream import open_stream
 from workers.relay import EventRelay, relay_client
 
 pytestmark = pytest.mark.engine
@@ -92,7 +93,8 @@ def _check_stream(events: list[dict]) -> Usage:
 def test_requests_in_flight_are_relayed_from_the_engine_loop_several_per_write(
     relay, engine_host, chat_prompt_ids, redis_client
 ):
-    reference = "".join(chunk.text for chunk in engine_host.stream("ref", chat_prompt_ids, dict(GREEDY, max_tokens=48)))
+    chunks = open_stream(engine_host, "ref", chat_prompt_ids, dict(GREEDY, max_tokens=48))
+    reference = "".join(chunk.text for chunk in chunks)
     threads_before = threading.active_count()
     requests = [_request(chat_prompt_ids, 48) for _ in range(24)]
     futures = [relay.run(request) for request in requests]  # no thread per request: futures only

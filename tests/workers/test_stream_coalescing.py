@@ -1,14 +1,14 @@
-"""How a request's output is cut into chunks for its reader (workers/engine.py, no engine needed)."""
+"""How a request's output is cut into chunks for its reader (tests/workers/engine_stream.py, no engine needed)."""
 
 import threading
 import time
 from types import SimpleNamespace
 
-from workers.engine import EngineStream, _RequestBuffer
+from tests.workers.engine_stream import EngineStream, RequestBuffer
 
 
-def _stream(flush_interval: float) -> tuple[_RequestBuffer, EngineStream]:
-    buffer = _RequestBuffer("r-1", prompt_tokens=3, submitted_at=time.monotonic())
+def _stream(flush_interval: float) -> tuple[RequestBuffer, EngineStream]:
+    buffer = RequestBuffer("r-1", prompt_tokens=3, submitted_at=time.monotonic())
     host = SimpleNamespace(_forget=lambda request_id, buf: None)  # the stream only tells its host when it ends
     return buffer, EngineStream(host, buffer, flush_interval)
 
