@@ -41,7 +41,7 @@ def main() -> None:
     from django.core.management import execute_from_command_line
     from django.db import OperationalError
 
-    from config.env import ConfigError
+    from contract.env import ConfigError
 
     try:
         execute_from_command_line(sys.argv)

@@ -91,11 +91,11 @@ def _fixtures():
 
 def run(seconds: float) -> list[dict]:
     from config.redis_client import get_redis
+    from contract.protocol import LEDGER_PENDING, Usage
     from ledger.services import ledger_flush
     from quotas.admission import quota_admit, quota_release
     from quotas.limits import limits_for
     from tenants.services import apikey_authenticate
-    from workers.protocol import LEDGER_PENDING, Usage
 
     tenant, api_key, plaintext = _fixtures()
     redis = get_redis()

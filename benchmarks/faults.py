@@ -170,7 +170,7 @@ class Soak:
         """Wait until every request has its end (a done entry) in Redis; how many had none by STOP_SECONDS."""
         import redis
 
-        from workers import protocol
+        from contract import protocol
 
         client = redis.Redis.from_url(self.stack.env["REDIS_URL"], decode_responses=True)
 

@@ -10,7 +10,7 @@ threads. No request timeout, so long generations are never cut.
 import math
 import os
 
-from config.env import ConfigError, env_bool, env_int
+from contract.env import ConfigError, env_bool, env_int
 
 
 def _int(name: str, default: int) -> int:
@@ -125,9 +125,9 @@ def post_worker_init(worker):
         except ImportError as exc:
             worker.log.warning("GUNICORN_WARM_IMPORTS: cannot import %s: %s", name, exc)
     _preload_tokenizers(worker)
-    from config.heap import freeze_startup_heap
+    from contract.heap import freeze_startup_heap
 
-    # Last, once everything this process keeps is loaded (config/heap.py says why).
+    # Last, once everything this process keeps is loaded (contract/heap.py says why).
     worker.log.info("froze %d start-up objects out of the garbage collector's passes", freeze_startup_heap())
 
 

@@ -1,10 +1,13 @@
 """The import layers of platform/ and workers/, read from the source (AST, nothing is imported).
 
-core (errors, periods) and config's bottom modules (env, bearer, database, redis_client) → domain
-apps (tenants, catalog, adapters, ledger, quotas, billing) → request orchestration in the gateway → faces
-(the OpenAI views, the management API `management`, the console). Imports point down only: a domain app
-never imports the gateway, the management API or the console, and no module imports, while it is
-being imported, one that imports it back (docs/architecture.md, "Layers").
+core (errors, periods, strict JSON, columns), the contract between the gateway and the workers
+(`contract`) and config's bottom modules (bearer, database, redis_client) → domain apps (tenants,
+catalog, adapters, ledger, quotas, billing) → request orchestration in the gateway → faces (the OpenAI
+views, the management API `management`, the console). Imports point down only: a domain app never
+imports the gateway, the management API or the console; a face never imports another face; config
+imports a face only in its composition root; the workers import nothing of platform/ but the
+contract; no app imports, through any module, an app that imports it back; and no module imports,
+while it is being imported, one that imports it back (docs/architecture.md, "Layers").
 """
 
 import ast
@@ -16,9 +19,15 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCE_ROOTS = {"platform": "", "workers": "workers"}  # folder → the package name its files are under
 
 FACES = {"gateway", "console", "management"}
-CORE_CONFIG = {"config.env", "config.bearer", "config.database", "config.redis_client"}
-# What domain apps may use of the workers: the Redis contract and the Celery app (to send tasks).
-WORKERS_ALLOWED = {"workers.protocol", "workers.celery_app"}
+# The gateway is request orchestration and a face: these modules are its face (OpenAI's shapes).
+GATEWAY_FACE = {"gateway.views", "gateway.ops_views", "gateway.urls", "gateway.errors", "gateway.formats",
+                "gateway.validation"}  # fmt: skip
+CORE_CONFIG = {"config.bearer", "config.database", "config.redis_client"}
+# config's top: the settings and the entries that compose the faces.
+COMPOSITION_ROOT = {"config.settings", "config.urls", "config.asgi", "config.wsgi", "config.error_views"}
+# What domain apps may use of the workers: the Celery app (to send tasks); the rest is the contract's.
+WORKERS_ALLOWED = {"workers.celery_app"}
+BOTTOM = ["core", "contract"]
 DOMAIN = ["core", "tenants", "catalog", "adapters", "ledger", "quotas", "billing"]
 
 
@@ -107,7 +116,7 @@ def _allowed_for_domain(target: str, domain: set[str]) -> bool:
 
 
 def _violations(app: str) -> list[str]:
-    domain = set(DOMAIN)
+    domain = set(DOMAIN) | set(BOTTOM)
     return sorted(
         {
             f"{MODULES[module].relative_to(REPO)}:{line} imports {target}"
@@ -126,14 +135,55 @@ def test_a_domain_app_imports_only_core_config_core_and_other_domain_apps(app):
 
 
 def test_core_and_configs_bottom_modules_import_nothing_above_them():
-    bottom = [m for m in MODULES if _app(m) == "core" or m in CORE_CONFIG]
+    bottom = [m for m in MODULES if _app(m) in BOTTOM or m in CORE_CONFIG]
     outside = [
         f"{module} imports {target}"
         for module in bottom
         for target, _, _ in IMPORTS[module]
-        if not (_app(target) == "core" or target in CORE_CONFIG)
+        if not (_app(target) in BOTTOM or target in CORE_CONFIG)
     ]
     assert bottom and outside == []
+
+
+def _imports_from(modules, allowed) -> list[str]:
+    """Each import, by one of `modules`, of a module that `allowed(target)` refuses."""
+    return sorted(
+        {
+            f"{MODULES[module].relative_to(REPO)}:{line} imports {target}"
+            for module in modules
+            for target, line, _ in IMPORTS[module]
+            if not allowed(target)
+        }
+    )
+
+
+def test_the_contract_imports_only_itself():
+    contract = [m for m in MODULES if _app(m) == "contract"]
+    assert contract and _imports_from(contract, lambda target: _app(target) == "contract") == []
+
+
+def test_the_workers_import_nothing_of_the_platform_but_the_contract():
+    workers = [m for m in MODULES if _app(m) == "workers"]
+    assert workers and _imports_from(workers, lambda target: _app(target) in {"workers", "contract"}) == []
+
+
+def _face(module: str) -> str | None:
+    app = _app(module)
+    if app == "gateway":
+        return app if module in GATEWAY_FACE else None
+    return app if app in FACES else None
+
+
+@pytest.mark.parametrize("face", sorted(FACES))
+def test_a_face_imports_no_other_face(face):
+    # The gateway's orchestration neither: it sits below every face.
+    modules = [m for m in MODULES if _app(m) == face]
+    assert modules and _imports_from(modules, lambda target: _face(target) in {None, face}) == []
+
+
+def test_config_imports_a_face_only_in_its_composition_root():
+    config = [m for m in MODULES if _app(m) == "config" and m not in COMPOSITION_ROOT]
+    assert config and _imports_from(config, lambda target: _face(target) is None) == []
 
 
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -155,6 +205,20 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node in reach[node]
     }
     return sorted(sorted(group) for group in groups)
+
+
+def _node(module: str) -> str:
+    """A module's place in the app graph: its app; config's top (the composition root and the
+    middleware it installs) apart from config's bottom modules: the top imports every face, and
+    everything imports the bottom."""
+    return "config (top)" if _app(module) == "config" and module not in CORE_CONFIG else _app(module)
+
+
+def test_no_app_imports_one_that_imports_it_back():
+    graph: dict[str, set[str]] = {_node(module): set() for module in MODULES}
+    for module, imports in IMPORTS.items():
+        graph[_node(module)] |= {_node(target) for target, _, _ in imports} - {_node(module)}
+    assert _cycles(graph) == []
 
 
 def test_the_cycle_finder_finds_a_cycle():

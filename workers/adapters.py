@@ -4,12 +4,12 @@ vLLM does the slot keeping: an engine built with ``enable_lora`` (workers/profil
 ``max_loras`` different adapters in one batch, keeps up to ``max_cpu_loras`` loaded and evicts the
 least recently used beyond that, loading an evicted one again from its files when a request names it.
 Each adapter has a stable LoRA id (its row id, never reused); its files come from the adapter store
-by digest (adapters/store.py). The worker advertises the ids its engine holds in its heartbeat
+by digest (contract/adapter_store.py). The worker advertises the ids its engine holds in its heartbeat
 record, and the gateway sends a request for one of them to that worker's own queue
 (gateway/dispatch.py).
 
 A deleted adapter leaves the engine within a heartbeat: the control plane records its id in
-``adapters:deleted`` (workers/protocol.py) when the deletion commits, and each heartbeat of a worker
+``adapters:deleted`` (contract/protocol.py) when the deletion commits, and each heartbeat of a worker
 that loaded one of those unloads it (``forget_deleted``) and from then on refuses requests naming it
 (one admitted before the deletion and still queued).
 
@@ -31,10 +31,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from adapters.store import FILE_NAMES, AdapterStore, adapter_store
-from workers import protocol
+from contract import protocol
+from contract.adapter_store import FILE_NAMES, AdapterStore, adapter_store
+from contract.protocol import RequestInput
 from workers.engine import RequestRejected
-from workers.protocol import RequestInput
 
 log = logging.getLogger(__name__)
 

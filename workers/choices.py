@@ -2,7 +2,7 @@
 calls read out of it (``RequestInput.tool_mode``).
 
 Tool calls are parsed here, where the text is whole at the end of the choice, once per choice; the
-gateway receives them ready-made in the request's done entry (workers/protocol.py). While a choice
+gateway receives them ready-made in the request's done entry (contract/protocol.py). While a choice
 may hold a call its text is held back, so a call never reaches the client as content:
 - ``required``/``named``: the engine was constrained to a JSON array of ``{name, parameters}`` (or
   to the named function's arguments), so all of the text is the call;

@@ -19,8 +19,8 @@ import asyncio
 
 import redis.asyncio
 
-from config.redis_client import through_outage
-from workers import protocol
+from contract import protocol
+from contract.outage import through_outage
 
 # How long a batch of claims is retried through a Redis outage. A claim whose reply was lost reads
 # as None when retried (its input is gone): the gateway ends that request at its claim-to-start

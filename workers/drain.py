@@ -13,7 +13,7 @@ import time
 
 import redis
 
-from workers import protocol
+from contract import protocol
 from workers.podstate import pod_name, pod_worker, pool_name, redis_client
 
 POLL_SECONDS = 1.0

@@ -1,7 +1,7 @@
 """The images of a multimodal request, as the engine takes them (``multi_modal_data``).
 
 The gateway checked, decoded and shrank each image already (platform/gateway/images.py); here the
-bytes it stored with the request input (workers/protocol.py ``RequestInput.images``) are opened
+bytes it stored with the request input (contract/protocol.py ``RequestInput.images``) are opened
 again, off the engine's event loop.
 """
 

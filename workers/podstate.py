@@ -10,8 +10,8 @@ import time
 
 import redis
 
-from config.env import ConfigError, env_float, env_str
-from workers import protocol
+from contract import protocol
+from contract.env import ConfigError, env_float, env_str
 
 HEARTBEAT_FRESH_SECONDS = env_float("WORKER_HEARTBEAT_TIMEOUT", 10.0, minimum=0)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from config.env import env_bool
+from contract.env import env_bool
 
 DEFAULT_PROFILE = "cpu"
 

@@ -1,7 +1,7 @@
 """Tenants' LoRA adapters: fine-tunes served on a shared base model.
 
 A tenant calls one as `model: "<base>:<name>"`. The files live in the adapter store, addressed by
-`digest` (adapters/store.py); this row is the tenant's handle on them. Two tenants who upload
+`digest` (contract/adapter_store.py); this row is the tenant's handle on them. Two tenants who upload
 the same files share one stored copy, never one handle.
 """
 

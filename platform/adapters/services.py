@@ -3,20 +3,29 @@
 
 import logging
 import time
+from typing import Protocol
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from adapters.files import adapter_check
 from adapters.models import Adapter, adapter_name_validator
-from adapters.store import CONFIG_NAME, WEIGHTS_NAME, AdapterStoreUnavailable, adapter_digest, adapter_store
-from catalog.models import ServedModel
-from config.redis_client import REDIS_UNAVAILABLE, get_redis
+from config.redis_client import get_redis
+from contract import protocol
+from contract.adapter_store import CONFIG_NAME, WEIGHTS_NAME, AdapterStoreUnavailable, adapter_digest, adapter_store
+from contract.outage import REDIS_UNAVAILABLE
 from core.errors import Conflict, InvalidRequest, ServiceUnavailable
 from tenants.models import Tenant
-from workers import protocol
 
 log = logging.getLogger(__name__)
+
+
+class ServedModel(Protocol):
+    """What an adapter needs of its base model (catalog.models.ServedModel; the catalog reads adapters,
+    so this app names only the fields it uses): the model id clients use and where its files are."""
+
+    model_id: str
+    path: str
 
 
 class AdapterConflict(Conflict):
@@ -103,7 +112,7 @@ def adapter_delete(*, adapter: Adapter) -> None:
 
 
 def _announce_deleted(adapter_id: int) -> None:
-    """Tell the workers (`adapters:deleted`, workers/protocol.py). Without Redis they keep the adapter
+    """Tell the workers (`adapters:deleted`, contract/protocol.py). Without Redis they keep the adapter
     until their engine evicts it: nothing can call it any more, so the deletion stands."""
     now = time.time()
     try:

@@ -1,4 +1,4 @@
-"""Which workers serve a model pool right now, from their heartbeats in Redis (workers/protocol.py).
+"""Which workers serve a model pool right now, from their heartbeats in Redis (contract/protocol.py).
 
 Read by admission (a pool's fair-share capacity, quotas/fairshare.py) and by the gateway's dispatch
 (wait for a ready worker, detect a lost one), which re-exports these names.
@@ -11,7 +11,7 @@ from django.conf import settings
 from redis.commands.core import Script
 
 from config.redis_client import get_async_redis, get_redis
-from workers import protocol
+from contract import protocol
 
 
 def heartbeat_cutoff() -> float:
@@ -21,7 +21,7 @@ def heartbeat_cutoff() -> float:
 
 # The workers of a pool that heartbeat since ARGV[1], each with its state and reported slots, in one
 # round trip (a request's admission reads them on the hot path). ARGV[2] is the prefix of the
-# workers' hashes (workers/protocol.py `worker_key`).
+# workers' hashes (contract/protocol.py `worker_key`).
 _READY_SCRIPT = """
 local rows = {}
 for i, name in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], '+inf')) do

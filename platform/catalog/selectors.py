@@ -12,15 +12,23 @@ one is a 503.
 
 import threading
 import time
+from typing import Protocol
 
 from adapters.selectors import adapter_get, adapters_for
 from catalog.models import ServedModel
 from config.database import read_with_fallback
 from core.errors import NotFound
-from quotas.limits import Limits
 from tenants.services import KeyPrincipal
 
 CACHE_SECONDS = 2.0
+
+
+class Limits(Protocol):
+    """What the model-access rule reads of the caller's limits (quotas.limits.Limits, resolved above
+    this app): its plan's models, empty for every model."""
+
+    allowed_models: tuple[str, ...]
+
 _cache: dict = {"at": float("-inf"), "models": {}}
 _refreshing = threading.Lock()
 

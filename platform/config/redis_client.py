@@ -2,17 +2,12 @@
 
 The sync client serves the threads (redis-py clients are thread-safe); the async one serves the
 gateway's relay, which runs on the ASGI server's event loop. Both pools share the same options.
-``through_outage`` retries an asyncio call while Redis is unreachable (the worker's claims and relay);
 ``scripts_in_one_round_trip`` runs several Lua scripts in one round trip (the gateway's admission).
 """
 
 import asyncio
 import functools
-import logging
-import time
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import redis
 import redis.asyncio
@@ -20,16 +15,7 @@ from django.conf import settings
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from config.env import env_int
-
-# Redis unreachable or not answering (a restart, a failover, a saturated server). redis.asyncio
-# raises these same classes.
-REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
-# The first and the longest pause between two tries of `through_outage` (doubling in between).
-OUTAGE_BACKOFF_SECONDS = (0.05, 2.0)
-
-log = logging.getLogger(__name__)
-T = TypeVar("T")
+from contract.env import env_int
 
 
 def _pool_options() -> dict:
@@ -91,23 +77,3 @@ def scripts_in_one_round_trip(calls: list[tuple[Script, list, list]], client: re
             raise reply
     return replies
 
-
-async def through_outage(call: Callable[[], Awaitable[T]], *, seconds: float, what: str) -> T:
-    """``await call()``, retried with backoff while Redis is unreachable, for at most ``seconds``
-    (then its error is raised).
-
-    redis-py retries a command on a connection it already has, but not a failure to get one (a
-    server that is restarting resets new connections). ``call`` must be safe to repeat: its effect
-    may have reached Redis before the reply was lost.
-    """
-    deadline = time.monotonic() + seconds
-    pause, longest = OUTAGE_BACKOFF_SECONDS
-    while True:
-        try:
-            return await call()
-        except REDIS_UNAVAILABLE:
-            if time.monotonic() + pause > deadline:
-                raise
-            log.warning("Redis unreachable while %s; retrying in %.2fs", what, pause)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, longest)

@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 
 from catalog.models import ServedModel
 from console.selectors import LIMIT_LABELS
-from management.serializers import column_max
+from core.columns import column_max
 from quotas.models import LimitFields, Plan
 from quotas.services import CLEAR
 from tenants.models import Tenant

@@ -60,10 +60,10 @@ def _oldest_queued_wait(queue: str) -> float | None:
         request_id = json.loads(raw)["headers"]["id"]
     except (ValueError, KeyError, TypeError):
         return None
-    job = redis.get(protocol.input_key(request_id))
-    if job is None:
+    stored = redis.get(protocol.input_key(request_id))
+    if stored is None:
         return None
-    return max(0.0, time.time() - json.loads(job)["enqueued_at"])
+    return max(0.0, time.time() - json.loads(stored)["enqueued_at"])
 
 
 def pool_demand(pool: str) -> PoolDemand:

@@ -27,7 +27,8 @@ from collections.abc import AsyncIterator
 
 from django.conf import settings
 
-from config.redis_client import REDIS_UNAVAILABLE, get_async_redis
+from config.redis_client import get_async_redis
+from contract.outage import REDIS_UNAVAILABLE
 
 log = logging.getLogger(__name__)
 

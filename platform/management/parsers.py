@@ -1,4 +1,4 @@
-"""The management API's JSON parser: the inference API's strict decoding (gateway.validation), so a
+"""The management API's JSON parser: the inference API's strict decoding (core/strictjson.py), so a
 body nested too deep, a NaN, an overflowing number, a huge integer literal or a lone surrogate is a
 400 in the API's error shape, never a 500 (DRF's own parser lets RecursionError and lone surrogates
 through)."""
@@ -7,8 +7,8 @@ from django.conf import settings
 from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 
-from gateway.errors import InvalidRequest
-from gateway.validation import strict_json_loads
+from core.errors import InvalidRequest
+from core.strictjson import strict_json_loads
 
 
 class StrictJSONParser(JSONParser):

@@ -1,11 +1,11 @@
 """Input and output shapes of the management API. Inputs are strict: a field that is not writable
 (a tenant, usage or billing field, or a typo) is a 400 naming it, never silently applied or ignored."""
 
-from django.db import connection
 from rest_framework import serializers
 
 from adapters.models import Adapter
 from billing.models import Invoice, InvoiceLine
+from core.columns import column_max
 from quotas.models import LimitFields, Plan
 from tenants.models import ApiKey, Tenant
 
@@ -20,12 +20,6 @@ class StrictInput(serializers.Serializer):
                     {unknown[0]: ["This field is not writable here."]}, code="not_writable"
                 )
         return super().to_internal_value(data)
-
-
-def column_max(model, name: str) -> int:
-    """The largest value the database column of `model.name` (an integer field) holds: a value past it
-    is a 400 naming the field, not a database error."""
-    return connection.ops.integer_field_range(model._meta.get_field(name).get_internal_type())[1]
 
 
 def _limit_field():

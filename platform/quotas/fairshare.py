@@ -17,10 +17,11 @@ from django.conf import settings
 
 from catalog.readiness import ready_workers as _ready
 from config.redis_client import get_redis
+from contract.settle import resv_key
 from core.errors import ServiceUnavailable
 from quotas.admission import HOLD_SECONDS, Admitted, admit_call, admitted_from, quota_admit
 from quotas.limits import Limits
-from quotas.scripts import quota_script, resv_key
+from quotas.scripts import quota_script
 
 # A waiting tenant counts as waiting while one of its requests polled within this many seconds.
 WAITER_FRESH_SECONDS = 2.0

@@ -21,10 +21,23 @@ class Who:
     key: str
 
 
+def _configure_store(monkeypatch, **variables) -> None:
+    """The adapter store's environment for one test (contract/adapter_store.py reads it once per
+    process: read again now; the fixture clears it again after the test)."""
+    from contract.adapter_store import store_config
+
+    for name, value in variables.items():
+        monkeypatch.setenv(name, str(value))
+    store_config.cache_clear()
+
+
 @pytest.fixture
-def store_dir(settings, tmp_path):
-    settings.ADAPTER_STORE_DIR = tmp_path / "adapters"
-    return settings.ADAPTER_STORE_DIR
+def store_dir(monkeypatch, tmp_path):
+    from contract.adapter_store import store_config
+
+    _configure_store(monkeypatch, ADAPTER_STORE_DIR=tmp_path / "adapters")
+    yield tmp_path / "adapters"
+    store_config.cache_clear()
 
 
 @pytest.fixture(scope="session")
@@ -37,20 +50,22 @@ def s3_endpoint():
 
 
 @pytest.fixture
-def s3_store(settings, tmp_path, s3_endpoint):
+def s3_store(monkeypatch, tmp_path, s3_endpoint):
     """The configured adapter store is an S3Store on a new bucket (prefix `adapters`); the test's
     own download cache."""
-    from adapters import store
+    from contract import adapter_store as store
     from tests.adapters.s3 import ACCESS_KEY, SECRET_KEY
 
     bucket = f"adapters-{uuid.uuid4().hex[:12]}"
-    settings.ADAPTER_STORE_URL = f"s3://{bucket}/adapters"
-    settings.ADAPTER_S3_ENDPOINT_URL = s3_endpoint
-    settings.ADAPTER_S3_ACCESS_KEY_ID, settings.ADAPTER_S3_SECRET_ACCESS_KEY = ACCESS_KEY, SECRET_KEY
-    settings.ADAPTER_CACHE_DIR = tmp_path / "adapter-cache"
+    _configure_store(
+        monkeypatch, ADAPTER_STORE_URL=f"s3://{bucket}/adapters", ADAPTER_S3_ENDPOINT_URL=s3_endpoint,
+        ADAPTER_S3_ACCESS_KEY_ID=ACCESS_KEY, ADAPTER_S3_SECRET_ACCESS_KEY=SECRET_KEY,
+        ADAPTER_CACHE_DIR=tmp_path / "adapter-cache",
+    )  # fmt: skip
     configured = store.adapter_store()
     configured.client.make_bucket(bucket)
-    return configured
+    yield configured
+    store.store_config.cache_clear()
 
 
 def bucket_keys(s3) -> list[str]:

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from adapters.models import Adapter
-from adapters.store import (
+from contract.adapter_store import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     AdapterCorrupt,

@@ -1,8 +1,8 @@
-"""Freezing a serving process's start-up heap (config/heap.py)."""
+"""Freezing a serving process's start-up heap (contract/heap.py)."""
 
 import gc
 
-from config.heap import freeze_startup_heap
+from contract.heap import freeze_startup_heap
 
 
 def test_objects_alive_at_start_up_leave_the_collected_generations_and_later_ones_do_not():

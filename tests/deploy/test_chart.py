@@ -991,8 +991,8 @@ def test_the_web_and_worker_settings_load_with_the_adapter_store_env(render):
             env[name] = secrets.token_hex(24)
     env.update(DATABASE_URL=os.environ["DATABASE_URL"], REDIS_URL=os.environ["REDIS_URL"], ALLOWED_HOSTS="localhost")
     code = (
-        "import django; django.setup(); from django.conf import settings; from adapters.store import adapter_store;"
-        "s = adapter_store(); print(type(s).__name__, s.bucket, s.prefix, settings.ADAPTER_S3_ENDPOINT_URL)"
+        "import django; django.setup(); from contract.adapter_store import adapter_store, store_config;"
+        "s = adapter_store(); print(type(s).__name__, s.bucket, s.prefix, store_config().endpoint)"
     )
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
     result = subprocess.run(

@@ -7,7 +7,8 @@ import os
 import redis
 from kombu import Connection, Consumer, Queue
 
-from workers.broker import Channel, Transport, task_message
+from contract.task import task_message
+from workers.broker import Channel, Transport
 from workers.celery_app import app
 
 QUEUE = "pool.broker-test"

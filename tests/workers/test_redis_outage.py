@@ -1,4 +1,4 @@
-"""A worker's Redis calls wait out an outage (config/redis_client.py `through_outage`): claiming
+"""A worker's Redis calls wait out an outage (contract/outage.py `through_outage`): claiming
 requests (workers/claims.py) and the relay's writes (workers/relay.py), which a lost reply never
 doubles."""
 
@@ -8,11 +8,11 @@ import os
 import pytest
 import redis
 
-from config import redis_client as clients
-from config.redis_client import through_outage
-from workers import claims, protocol
+from contract import outage, protocol
+from contract.outage import through_outage
+from contract.protocol import RequestInput, Usage
+from workers import claims
 from workers.claims import ClaimBatcher
-from workers.protocol import RequestInput, Usage
 from workers.relay import EventRelay, RelayedRequest, relay_client
 
 
@@ -30,7 +30,7 @@ def _flaky(failures: int, result="written"):
 
 @pytest.mark.asyncio
 async def test_a_call_is_retried_until_redis_is_back(monkeypatch):
-    monkeypatch.setattr(clients, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
+    monkeypatch.setattr(outage, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
     call, calls = _flaky(failures=3)
     assert await through_outage(call, seconds=30, what="testing") == "written"
     assert len(calls) == 4
@@ -55,7 +55,7 @@ async def test_other_errors_are_not_retried():
 
 @pytest.mark.asyncio
 async def test_claims_asked_for_during_an_outage_are_made_once_redis_is_back(redis_client, monkeypatch):
-    monkeypatch.setattr(clients, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
+    monkeypatch.setattr(outage, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
     redis_client.set(protocol.input_key("cmpl-outage"), "{}")
     real, failures = claims.claim_requests, []
 
@@ -109,7 +109,7 @@ class _ReplyLostOnce:
 
 @pytest.mark.asyncio
 async def test_a_flush_retried_after_its_reply_was_lost_is_written_once(redis_client, monkeypatch):
-    monkeypatch.setattr(clients, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
+    monkeypatch.setattr(outage, "OUTAGE_BACKOFF_SECONDS", (0.001, 0.001))
     relay = EventRelay(
         None, _ReplyLostOnce(relay_client(os.environ["REDIS_URL"])), worker="w-test",
         flush_interval=0.02, flush_events_per_second=0,

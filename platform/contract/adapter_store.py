@@ -9,6 +9,10 @@ One interface, `AdapterStore`, two implementations chosen by ADAPTER_STORE_URL:
   downloads the files into a local cache (ADAPTER_CACHE_DIR), checks them against the digest and
   renames the folder into place: a half-downloaded or altered adapter is never handed out.
 The same files uploaded twice are stored once.
+
+Part of the contract: the control plane writes an adapter's files (adapters/services.py) and a
+worker reads them back by the digest its request carries (`RequestInput.adapter_digest`), so both
+must agree on the digest, the file names, the layout and the configuration that locates them.
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from contract.env import ConfigError, env_str
+
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 FILE_NAMES = (CONFIG_NAME, WEIGHTS_NAME)
+# The repository (platform/contract/ is two levels down): `make up` keeps its files under .run/.
+_REPO_DIR = Path(__file__).resolve().parents[2]
 
 
 def adapter_digest(files: Mapping[str, bytes]) -> str:
@@ -281,14 +290,51 @@ def _s3_store(url: str, endpoint: str, access_key: str, secret_key: str, region:
     return S3Store(client=client, bucket=bucket, prefix=prefix, cache_dir=Path(cache_dir))
 
 
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where adapters' files live, from the environment (both sides read it the same way)."""
+
+    url: str  # ADAPTER_STORE_URL: s3://bucket[/prefix]; empty: the directory below
+    directory: Path  # ADAPTER_STORE_DIR
+    endpoint: str  # ADAPTER_S3_ENDPOINT_URL (empty: AWS S3)
+    access_key: str  # ADAPTER_S3_ACCESS_KEY_ID
+    secret_key: str  # ADAPTER_S3_SECRET_ACCESS_KEY
+    region: str  # ADAPTER_S3_REGION
+    cache_dir: Path  # ADAPTER_CACHE_DIR: an S3 store's local copies
+
+
+@functools.cache
+def store_config() -> StoreConfig:
+    """The store's configuration, read once per process (the control plane's settings read it at
+    start, so a bad value stops the process there); ConfigError names a bad variable."""
+    config = StoreConfig(
+        url=env_str("ADAPTER_STORE_URL", ""),
+        directory=Path(env_str("ADAPTER_STORE_DIR", str(_REPO_DIR / ".run" / "adapters"))),
+        endpoint=env_str("ADAPTER_S3_ENDPOINT_URL", ""),
+        access_key=env_str("ADAPTER_S3_ACCESS_KEY_ID", ""),
+        secret_key=env_str("ADAPTER_S3_SECRET_ACCESS_KEY", ""),
+        region=env_str("ADAPTER_S3_REGION", "us-east-1"),
+        cache_dir=Path(env_str("ADAPTER_CACHE_DIR", str(Path(tempfile.gettempdir()) / "gemma-adapter-cache"))),
+    )
+    if config.url:
+        parsed = urlparse(config.url)
+        if parsed.scheme != "s3" or not parsed.netloc:
+            raise ConfigError(f"ADAPTER_STORE_URL must be s3://bucket[/prefix], got {config.url!r}")
+        if config.endpoint and urlparse(config.endpoint).scheme not in ("http", "https"):
+            raise ConfigError(f"ADAPTER_S3_ENDPOINT_URL must be an http(s):// URL, got {config.endpoint!r}")
+        if not (config.access_key and config.secret_key):
+            raise ConfigError(
+                "ADAPTER_STORE_URL is an S3 bucket: set ADAPTER_S3_ACCESS_KEY_ID and ADAPTER_S3_SECRET_ACCESS_KEY"
+            )
+    return config
+
+
 def adapter_store() -> AdapterStore:
     """The configured store: an `S3Store` when ADAPTER_STORE_URL is set (one per process and
     configuration, so its download locks are shared), else a `FilesystemStore` on ADAPTER_STORE_DIR."""
-    from django.conf import settings
-
-    if settings.ADAPTER_STORE_URL:
+    config = store_config()
+    if config.url:
         return _s3_store(
-            settings.ADAPTER_STORE_URL, settings.ADAPTER_S3_ENDPOINT_URL, settings.ADAPTER_S3_ACCESS_KEY_ID,
-            settings.ADAPTER_S3_SECRET_ACCESS_KEY, settings.ADAPTER_S3_REGION, str(settings.ADAPTER_CACHE_DIR),
-        )  # fmt: skip
-    return FilesystemStore(settings.ADAPTER_STORE_DIR)
+            config.url, config.endpoint, config.access_key, config.secret_key, config.region, str(config.cache_dir)
+        )
+    return FilesystemStore(config.directory)
