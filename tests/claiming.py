@@ -1,7 +1,7 @@
 """A worker's claim of one request (the script of workers/claims.py), made synchronously: for tests
 that play a worker's part over Redis."""
 
-from workers import protocol
+from contract import protocol
 from workers.claims import CLAIM_SCRIPT, claim_keys
 
 

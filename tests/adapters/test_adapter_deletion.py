@@ -7,11 +7,11 @@ import threading
 import pytest
 
 from adapters.models import Adapter
-from adapters.store import FilesystemStore, adapter_digest
+from contract import protocol
+from contract.adapter_store import FilesystemStore, adapter_digest
 from tests.adapters.conftest import BASE
 from tests.adapters.test_adapters_api import URL, _auth, upload
 from tests.adapters.test_routing import _request
-from workers import protocol
 from workers.adapters import AdapterResolver, AdapterUnavailable
 
 

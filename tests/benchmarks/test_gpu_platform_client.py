@@ -1,8 +1,8 @@
 """The GPU bench's platform client decodes only the SSE events it measures (platform_bench.py)."""
 
 from benchmarks.gpu.platform_bench import _worth_decoding
+from contract.protocol import Usage
 from gateway.formats import ChunkWriter
-from workers.protocol import Usage
 
 
 def _lines(frames: bytes) -> list[bytes]:

@@ -156,7 +156,7 @@ def test_invoice_exports_carry_every_line_and_the_total(alice):
 
 
 def _usage(tenant, key, *, finished_at: dt.datetime, completion_tokens: int = 7):
-    from workers.protocol import Usage
+    from contract.protocol import Usage
 
     return Usage(request_id=f"chatcmpl-{uuid.uuid4().hex}", tenant_id=tenant.id, key_id=key.id, model="tiny-gemma4",
                  prompt_tokens=3, completion_tokens=completion_tokens, total_ms=100, finish_reason="length",
@@ -165,7 +165,7 @@ def _usage(tenant, key, *, finished_at: dt.datetime, completion_tokens: int = 7)
 
 def test_closing_a_period_writes_its_usage_still_buffered_in_redis_first(alice, redis_client):
     from billing.services import invoices_close_period
-    from workers.protocol import LEDGER_PENDING
+    from contract.protocol import LEDGER_PENDING
 
     tenant, keys = alice
     _ledger_rows(tenant, keys, 5, start=LAST_MONTH.start, span_hours=24)

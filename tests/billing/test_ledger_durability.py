@@ -13,12 +13,12 @@ import uuid
 import pytest
 from django.db import connection
 
+from contract.protocol import LEDGER_PENDING
 from ledger.models import UsageRecord
 from ledger.services import ledger_flush
 from quotas.admission import resv_key
 from quotas.limits import limits_for
 from tests.quotas.helpers import admit, thread_redis, worker_reports
-from workers.protocol import LEDGER_PENDING
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -133,8 +133,8 @@ def test_two_writers_of_the_same_entries_never_deadlock(make_tenant):
     first (which A needs next: a deadlock, and a flush that fails)."""
     from django.db import transaction
 
+    from contract.protocol import Usage
     from ledger.services import ledger_write
-    from workers.protocol import Usage
 
     tenant, _ = make_tenant("dave")
     key_id = tenant.api_keys.get().id

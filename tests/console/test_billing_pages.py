@@ -171,8 +171,8 @@ def test_a_tenant_admin_restricts_one_of_their_keys(
 
 
 def test_usage_the_ledger_refused_is_listed_for_operators_only(client, operator, tenant_admins, tenants, redis_client):
+    from contract.protocol import Usage
     from ledger.services import LEDGER_REJECTED
-    from workers.protocol import Usage
 
     refused = Usage(request_id="chatcmpl-refused-1", tenant_id=tenants["alice"].id, key_id=4242, model="tiny-gemma4",
                     prompt_tokens=12, completion_tokens=34, finished_at=timezone.now().timestamp())  # fmt: skip

@@ -6,9 +6,9 @@ import httpx
 import pytest
 import redis
 
+from contract import protocol
 from tests.adapters.lora import lora_files
 from tests.e2e.stack import wait_until, wait_usage_row
-from workers import protocol
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

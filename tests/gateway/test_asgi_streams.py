@@ -1,7 +1,7 @@
 """The web tier under its real server (gunicorn + uvicorn worker, deploy/gunicorn.conf.py): open
 streams hold no thread.
 
-The test plays the worker's part over Redis (workers/protocol.py): it claims each request's input,
+The test plays the worker's part over Redis (contract/protocol.py): it claims each request's input,
 writes its events and finishes it when the test says so. The server has fewer gateway threads than
 the test opens streams; every stream must still be served at once, and the process must not grow a
 thread per stream.
@@ -18,10 +18,10 @@ import httpx
 import psutil
 import pytest
 
+from contract import protocol
+from contract.protocol import Usage
 from tests.e2e.stack import wait_until
 from tests.gateway.web_server import web_server
-from workers import protocol
-from workers.protocol import Usage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,7 +3,7 @@ Redis and the ledger, up to the engine.
 
 vLLM's CPU build here cannot load the multimodal model (its Gemma 4 multimodal code imports
 transformers' Gemma4Processor, which needs torchvision, and no CPU build of torchvision is on the
-package index: docs/api.md), so the test plays the worker over Redis (workers/protocol.py): it
+package index: docs/api.md), so the test plays the worker over Redis (contract/protocol.py): it
 claims the request's input, checks what a worker would hand the engine (the prompt with one image
 placeholder, the image's pixels, its token count), and ends the request with the usage an engine
 that prefilled the expanded prompt reports. The client's usage and the ledger row must both carry
@@ -20,12 +20,12 @@ import pytest
 from PIL import Image
 from transformers import AutoTokenizer
 
+from contract import protocol
+from contract.protocol import RequestInput, Usage
 from ledger.models import UsageRecord
 from tests.e2e.stack import wait_until
 from tests.gateway.web_server import web_server
-from workers import protocol
 from workers.images import decode_images
-from workers.protocol import RequestInput, Usage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,11 +17,11 @@ from PIL import Image
 
 from catalog import selectors
 from catalog.models import ServedModel
+from contract.protocol import RequestInput
 from gateway import images
 from gateway.errors import InvalidRequest
 from gateway.validation import chat_request
 from workers.images import decode_images
-from workers.protocol import RequestInput
 
 MM_MODEL, TEXT_MODEL = "tiny-gemma4-mm", "tiny-gemma4"
 GEOMETRY = images.VisionGeometry(patch=16, pooling=3, max_soft_tokens=70)

@@ -12,7 +12,7 @@ from django.conf import settings
 from poolscaler import ControlPlane, ControlPlaneError
 
 from catalog.models import ServedModel
-from workers import protocol
+from contract import protocol
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the live server thread must see the rows
 

@@ -7,8 +7,8 @@ import uuid
 
 import redis
 
+from contract.protocol import LEDGER_PENDING, Usage
 from quotas.admission import QuotaExceeded, quota_admit
-from workers.protocol import LEDGER_PENDING, Usage
 
 _clients = threading.local()
 

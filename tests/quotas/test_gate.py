@@ -9,6 +9,7 @@ import pytest
 
 from catalog.models import ServedModel
 from catalog.readiness import ready_workers
+from contract import protocol
 from core.errors import InvalidRequest, RateLimited
 from quotas.admission import quota_settle
 from quotas.gate import admission_check, admission_gate
@@ -16,7 +17,6 @@ from quotas.limits import limits_for
 from quotas.refusals import refusals_recent
 from quotas.services import tenant_quota_set
 from tenants.services import KeyPrincipal
-from workers import protocol
 
 pytestmark = pytest.mark.django_db
 

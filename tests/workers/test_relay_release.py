@@ -6,8 +6,8 @@ import asyncio
 import os
 import uuid
 
-from workers import protocol
-from workers.protocol import RequestInput, Usage
+from contract import protocol
+from contract.protocol import RequestInput, Usage
 from workers.relay import EventRelay, RelayedRequest, relay_client
 
 

@@ -15,9 +15,9 @@ import uuid
 
 import pytest
 
-from workers import protocol
+from contract import protocol
+from contract.protocol import RequestInput, Usage
 from workers.celery_app import app
-from workers.protocol import RequestInput, Usage
 from workers.requestpool import BLOCKING_TASK_THREADS, RequestPool, hand_off
 from workers.tasks import generate  # registers the task, as the worker does at start
 

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from adapters.store import FilesystemStore, adapter_digest
+from contract import protocol
+from contract.adapter_store import FilesystemStore, adapter_digest
+from contract.protocol import RequestInput
 from tests.adapters.lora import lora_files
-from workers import protocol
 from workers.adapters import AdapterResolver, AdapterUnavailable
 from workers.engine import EngineHost
 from workers.profiles import LORA_ARGS
-from workers.protocol import RequestInput
 from workers.serving import WorkerRuntime
 
 POOL = "lora-announce"

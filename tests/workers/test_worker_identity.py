@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from workers import protocol
+from contract import protocol
 from workers.claims import ClaimBatcher, claim_requests
 from workers.engine import EngineHost
 from workers.relay import relay_client
