@@ -1,5 +1,10 @@
 """The Redis contract between the gateway (web) and the GPU workers.
 
+Both sides import it from `contract`, the one package of platform/ a worker imports (with the task
+message, the settle script and the adapter store beside it): a change here changes both sides, which
+a rolling upgrade runs at different versions for a while, so each side reads what the other's
+previous or next version writes (`RequestInput.loads`, `Usage.loads`).
+
 Per request (all keys expire after REQUEST_TTL seconds). A request runs as one attempt, or several
 when the workers running it are lost (a continuation: the prompt plus the tokens already generated,
 on another worker); the keys of an attempt are named by `attempt_id` (the request id, then
@@ -198,7 +203,7 @@ class RequestInput:
         data = json.loads(raw)
         known = {f.name for f in fields(cls)}
         request = cls(**{name: value for name, value in data.items() if name in known})
-        request.unknown_fields = tuple(sorted(set(data) - known))
+        request.unknown_fields = tuple(sorted(set(data) - known))  # type: ignore[misc]  # per instance, never a field
         return request
 
 

@@ -47,7 +47,7 @@ class _Utf8:
 
 @cache
 def _settle_pending() -> Script:
-    return Script(_Utf8, lua_source("settle_pending"))  # type: ignore[arg-type]
+    return Script(_Utf8, lua_source("settle_pending"))
 
 
 def settle_pending_call(request_id: str) -> tuple[Script, list, list]:
