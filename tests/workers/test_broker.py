@@ -1,4 +1,4 @@
-"""The gateway pushes its inference tasks itself (workers/broker.py `task_message`): what it pushes
+"""The gateway pushes its inference tasks itself (contract/task.py `task_message`): what it pushes
 must be what Celery's own `send_task` pushes, so that a Celery worker runs it the same way."""
 
 import json
