@@ -433,6 +433,7 @@ class FleetPlatform:
         from deploy.local.launcher import stack_env
         from deploy.local.services import ensure_services
 
+        (STATE_DIR / "logs").mkdir(parents=True, exist_ok=True)
         self.services = ensure_services(ROOT / ".run")
         database_url = with_database(self.services["DATABASE_URL"], DATABASE)
         redis_url = with_redis_db(self.services["REDIS_URL"], self.redis_db)
@@ -441,14 +442,14 @@ class FleetPlatform:
         base = {"DJANGO_DEBUG": "0", "ALLOWED_HOSTS": "127.0.0.1,localhost", "LOG_LEVEL": "WARNING",
                 **engine_cpu_env(), **os.environ, "ENGINE_PROFILE": self.profile}  # fmt: skip
         self.stack = PinnedStack(env=stack_env(database_url, redis_url, base, SECRET_KEY=secrets.token_urlsafe(48)),
-                                 log_dir=STATE_DIR / "logs" / "fleet")  # fmt: skip
+                                 log_dir=STATE_DIR / "logs")  # fmt: skip
         self.stack.manage("migrate", "--noinput", "-v", "0")
         self.stack.register_model(self.model_name, self.model_dir, POOL,
                                   context_length=2048 if self.profile == "cpu" else 32768)  # fmt: skip
         for index in range(self.workers):
             self.stack.start_worker(f"worker{index}", POOL, model=self.model_name, model_path=self.model_dir,
                                     pod=f"fleet-pod-{index}", concurrency=self.slots, loglevel="WARNING")  # fmt: skip
-        self.stack.start_beat(loglevel="WARNING")
+        self.stack.start_beat(STATE_DIR / "fleet-celerybeat-schedule", loglevel="WARNING")
         self.stack.wait_ready(POOL, count=self.workers, timeout=900)
         for child in self.stack.children.values():
             child.pin_serving_threads()
