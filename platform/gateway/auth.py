@@ -19,9 +19,9 @@ _key_tenants: dict[str, int] = {}
 _KEY_TENANTS_TRACKED = 100_000
 
 
-def authenticate(request) -> tuple[KeyPrincipal, Limits]:
-    """The request's key and the limits that apply to it (its plan's models among them)."""
-    token = bearer_token(request)
+def authenticate(http_request) -> tuple[KeyPrincipal, Limits]:
+    """The HTTP request's key and the limits that apply to it (its plan's models among them)."""
+    token = bearer_token(http_request)
     if token is None:
         raise Unauthorized(
             "You didn't provide an API key. Provide it in the Authorization header as 'Bearer YOUR_KEY'.",

@@ -16,11 +16,11 @@ from gateway.pools import pool_demand, pool_drain, pool_workers
 from gateway.views import openai_endpoint
 
 
-def healthz(request):
+def healthz(http_request):
     return JsonResponse({"status": "ok"})
 
 
-def readyz(request):
+def readyz(http_request):
     """200 once a ready worker engine serves every enabled model, else 503 naming what is missing.
 
     A model allowed to scale to zero (cold_start_wait_seconds > 0) counts as ready without workers:
@@ -38,10 +38,10 @@ def readyz(request):
     )
 
 
-def _require_token(request, expected: str, what: str) -> None:
+def _require_token(http_request, expected: str, what: str) -> None:
     if not expected:
         raise PermissionDenied(f"{what} is disabled: set its token in the server's configuration.")
-    token = bearer_token(request) or ""
+    token = bearer_token(http_request) or ""
     if not hmac.compare_digest(token.encode(), expected.encode()):
         raise Unauthorized(f"A valid bearer token is required for {what}.", code="invalid_token")
 
@@ -52,18 +52,18 @@ def _known_pool(pool: str) -> None:
 
 
 @openai_endpoint("GET")
-def demand(request, pool: str):
-    _require_token(request, settings.OPERATOR_TOKEN, "the operator API")
+def demand(http_request, pool: str):
+    _require_token(http_request, settings.OPERATOR_TOKEN, "the operator API")
     _known_pool(pool)
     return JsonResponse(pool_demand(pool).as_dict())
 
 
 @openai_endpoint("POST", "DELETE")
-def drain(request, pool: str, pod: str):
-    _require_token(request, settings.OPERATOR_TOKEN, "the operator API")
+def drain(http_request, pool: str, pod: str):
+    _require_token(http_request, settings.OPERATOR_TOKEN, "the operator API")
     _known_pool(pool)
-    pool_drain(pool, pod, drain=request.method == "POST")
-    state = "draining" if request.method == "POST" else "ready"
+    pool_drain(pool, pod, drain=http_request.method == "POST")
+    state = "draining" if http_request.method == "POST" else "ready"
     return JsonResponse({"pool": pool, "pod": pod, "state": state}, status=202)
 
 
@@ -91,10 +91,10 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def metrics(request):
+def metrics(http_request):
     try:
         if settings.METRICS_TOKEN:
-            _require_token(request, settings.METRICS_TOKEN, "metrics")
+            _require_token(http_request, settings.METRICS_TOKEN, "metrics")
     except OpenAIError as error:
         return error_response(error)
     lines = []
