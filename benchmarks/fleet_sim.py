@@ -134,6 +134,13 @@ class Fleet:
         return float((self.service_steps * self.service_shares).sum())
 
     @property
+    def mean_decode_seconds(self) -> float:
+        """A request's stream life without prefill: what the pools' demand is stated in (their peak
+        streams at this life), so that fleets that prefill differently see the same requests."""
+        steps = [max(1, math.ceil(tokens / self.stream_tokens_per_second)) for tokens, _ in self.token_mix]
+        return float((np.array(steps) * self.service_shares).sum())
+
+    @property
     def mean_tokens(self) -> float:
         return float(sum(tokens * share for tokens, share in self.token_mix))
 
@@ -141,7 +148,7 @@ class Fleet:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PoolProfile:
     name: str
-    peak_streams: float  # streams in flight at the peak of its trace (before Poisson noise)
+    peak_streams: float  # streams in flight at the peak of its trace (before Poisson noise), without prefill
     shape: str  # "diurnal" | "bursty" | "batch"
     phase_hours: float  # hour of the daily peak
     trough: float  # share of the peak at the daily low
@@ -209,7 +216,7 @@ def demand_trace(pools: Sequence[PoolProfile], fleet: Fleet, seconds: int, rng: 
     day = 86_400.0
     rates = np.zeros((len(pools), seconds))
     for row, pool in enumerate(pools):
-        peak_rate = pool.peak_streams / fleet.mean_service_seconds  # Little's law
+        peak_rate = pool.peak_streams / fleet.mean_decode_seconds  # Little's law, without prefill
         daily = 0.5 - 0.5 * np.cos(2 * np.pi * (t / day - pool.phase_hours / 24 + 0.5))
         level = pool.trough + (1 - pool.trough) * daily
         if pool.shape == "bursty":

@@ -143,6 +143,13 @@ def test_prompts_served_from_the_prefix_cache_shorten_streams_and_raise_the_plat
     assert (uncached.service_steps > cached.service_steps).all()
     assert (cached.service_steps > decode_only.service_steps).all()
     assert uncached.replica_tokens_per_second < cached.replica_tokens_per_second < decode_only.replica_tokens_per_second
+    # The same requests (the demand is stated without prefill) need more replicas the more they prefill.
+    rng = np.random.default_rng(4)
+    pools = fleet_sim.default_pools(4, decode_only, rng)
+    arrivals = fleet_sim.demand_trace(pools, uncached, 3600, np.random.default_rng(4))
+    assert (arrivals == fleet_sim.demand_trace(pools, decode_only, 3600, np.random.default_rng(4))).all()
+    replicas = [sum(fleet_sim.static_replicas(arrivals, fleet)) for fleet in (decode_only, cached, uncached)]
+    assert replicas == sorted(replicas) and replicas[0] < replicas[2]
 
 
 def test_a_fleet_with_another_plateau_also_runs_the_operator_at_70_percent_of_it_and_at_the_targets_asked():
