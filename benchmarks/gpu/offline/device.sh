@@ -38,8 +38,10 @@ case "$cmd" in
     python3 -c 'import vllm, torch, django, celery; print("vllm", vllm.__version__, "torch", torch.__version__, "django", django.__version__)'
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv,noheader
     if [ "$cmd" = fleet ]; then
-      # Four workers sharing the GPU, each its share of memory (benchmarks/fleet.py ``gpu_plan``).
-      python3 -m benchmarks.fleet --profile h200 --out "${OUT:-/tmp/gpubench/out}/fleet" "$@"
+      # Four workers sharing the GPU, each its share of memory (benchmarks/fleet.py ``gpu_plan``). The
+      # run outlasts a 600 s call when started with setsid: its results stay in /tmp/gpubench/fleet.
+      python3 -m benchmarks.fleet --profile h200 --out /tmp/gpubench/fleet "$@"
+      if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cp -r /tmp/gpubench/fleet "$OUT/"; fi
     else
       python3 -m benchmarks.gpu.run --deadline-s "$(( 565 - ($(date +%s) - t0) ))" "$@"
     fi
