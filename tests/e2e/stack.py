@@ -58,19 +58,23 @@ class Stack(launcher.Stack):
 
     def worker_env(self, name: str, pool: str, model_path=None) -> dict:
         """The environment ``start_worker`` gives worker ``name`` (for a worker a test runs itself)."""
-        return worker_env(self.env, pool, model=MODEL, model_path=model_path or self.model_dir, pod=f"{name}-pod",
-                          ENGINE_PROFILE="cpu", ENGINE_LORA="1")  # fmt: skip
+        return worker_env(self.env, pool, model=MODEL, model_path=model_path or self.model_dir, **_worker_options(name))
 
     def start_worker(self, name: str = "e2e", pool: str = POOL, concurrency: int = 64, **options) -> launcher.Child:
         """A Celery worker with an engine on `pool` (``children[name]``); `options` as the launcher's
         (``app``: a module of the tests' own that wraps the worker's, ``wrap``, environment variables)."""
-        options = {"pod": f"{name}-pod", "ENGINE_PROFILE": "cpu", "ENGINE_LORA": "1", **options}
+        options = {**_worker_options(name), **options}
         return super().start_worker(name, pool, model=MODEL, model_path=self.model_dir, concurrency=concurrency,
                                     **options)  # fmt: skip
 
     def wait_ready(self, pool: str = POOL, *, count: int = 1, timeout: float = ENGINE_START_TIMEOUT,
                    since: float = 0.0) -> None:  # fmt: skip
         super().wait_ready(pool, count=count, timeout=timeout, since=since)
+
+
+def _worker_options(name: str) -> dict:
+    """Every test worker: its own pod name, the CPU profile, tenants' adapters served."""
+    return {"pod": f"{name}-pod", "ENGINE_PROFILE": "cpu", "ENGINE_LORA": "1"}
 
 
 def engine_processes(stack: Stack, worker: str = "e2e") -> list:
