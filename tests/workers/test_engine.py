@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from tests.workers.engine_stream import open_stream, unfinished_requests
+from tests.workers.engine_stream import abort, open_stream, unfinished_requests
 from workers.engine import EngineHost, EngineNotReady, EngineStartError, RequestRejected
 
 pytestmark = pytest.mark.engine
@@ -250,7 +250,7 @@ def test_abort_from_another_thread_ends_the_stream_with_abort(engine_host, chat_
         for chunk in stream:
             chunks.append(chunk)
             if len(chunks) == 1:
-                threading.Thread(target=engine_host.abort, args=(rid,)).start()
+                threading.Thread(target=abort, args=(engine_host, rid)).start()
     assert chunks[-1].finished
     assert chunks[-1].finish_reason == "abort"
     assert chunks[-1].completion_tokens < 1900
