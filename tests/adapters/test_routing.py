@@ -107,7 +107,7 @@ def test_the_request_input_carries_the_adapter():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_request_waiting_for_a_holder_that_died_is_taken_back_at_once(redis_client):
+def test_a_request_waiting_for_a_holder_that_died_is_sent_to_another_worker_at_once(redis_client):
     import asyncio
 
     from catalog.models import ServedModel
@@ -115,15 +115,19 @@ def test_a_request_waiting_for_a_holder_that_died_is_taken_back_at_once(redis_cl
     _worker(redis_client, "w1#a", adapters=set())  # the pool has another ready worker
     request = _request(5, "ab" * 32)
     request.routed_to = "w9#gone"  # its holder stopped heartbeating
+    request.params = {"max_tokens": 8}
     redis_client.set(protocol.input_key(request.request_id), request.dumps())
     model = ServedModel(model_id="tiny-gemma4", path="/m", pool=POOL, context_length=2048)
     progress = dispatch._Progress(queue_deadline=time.monotonic() + 300)
 
-    failure = asyncio.run(dispatch._check_unstarted(request, model, progress))
-    assert failure is not None and failure.code == "no_worker_available"
+    outcome = asyncio.run(dispatch._check_unstarted(request, model, progress))
+    assert outcome is dispatch.CONTINUED
     assert not redis_client.exists(protocol.input_key(request.request_id))
+    assert (request.attempt, request.routed_to, request.earlier_workers) == (1, "w1#a", "w9#gone")
+    assert redis_client.exists(protocol.input_key(f"{request.request_id}~1"))
+    assert redis_client.llen(protocol.worker_queue_name("w1#a")) == 1
 
-    request.routed_to, request.request_id = "w1#a", "chatcmpl-2"  # a live holder: it keeps waiting
+    request.routed_to, request.request_id, request.attempt = "w1#a", "chatcmpl-2", 0  # a live holder: it waits
     redis_client.set(protocol.input_key(request.request_id), request.dumps())
     assert asyncio.run(dispatch._check_unstarted(request, model, progress)) is None
 
