@@ -315,7 +315,7 @@ def live_stack(
     redis.Redis.from_url(redis_url).flushdb()
     stack = Stack(env=env, log_dir=tmp_path_factory.mktemp("stack-logs"), model_dir=tiny_model_dir)
     try:
-        stack.start_web(WEB_CONCURRENCY="2", timeout=60)
+        stack.start_web(WEB_CONCURRENCY="2", timeout=180)
         stack.start_worker()
         stack.start_beat()
         stack.wait_ready()
