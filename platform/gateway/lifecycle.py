@@ -135,6 +135,7 @@ def _start(http_request, parse: Callable[[dict], InferenceRequest]) -> Enqueued:
         dispatch.enqueue(request, model)  # step 5: its input, reader lease and task, in one transaction
     except BaseException:
         quota_release(request_id=request.request_id)
+        routing.release(request.request_id, request.routed_to)
         raise
     # In its worker's queue: settled through the ledger from here on.
     return Enqueued(request, model, inference, headers)
