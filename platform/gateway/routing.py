@@ -148,9 +148,11 @@ def _decide_args(request: RequestInput, policy: str, chunks: list[str]) -> list:
 
 
 def release(request_id: str, worker: str) -> None:
-    """The gateway no longer follows the request on ``worker``: it stops counting in its load."""
+    """The gateway no longer follows the request on ``worker``: it stops counting in its load.
+    Through a Redis outage the entry stays until `routing_reap`."""
     if worker:
-        get_redis().hdel(open_key(worker), request_id)
+        with contextlib.suppress(*REDIS_UNAVAILABLE):
+            get_redis().hdel(open_key(worker), request_id)
 
 
 async def release_async(request_id: str, worker: str) -> None:
