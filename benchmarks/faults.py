@@ -21,7 +21,10 @@ follows every request to its end; then it waits for the ledger and counts, per f
 
 Faults:
 
-- ``worker-kill``: SIGKILL the worker and its engine mid-stream, then start it again;
+- ``worker-kill``: SIGKILL the pool's only worker and its engine mid-stream, then start it again
+  (its streams end with an explicit ``worker_lost`` error: no worker is left to continue them);
+- ``worker-kill-continue``: the same with a second worker in the pool (started for the round,
+  stopped after it): the killed worker's streams continue on the other one, with no error;
 - ``redis-restart``: stop Redis (SIGTERM: it writes its snapshot) mid-stream, start it on the same port;
 - ``web-kill``: SIGKILL every web process mid-stream (gunicorn starts new ones);
 - ``disconnect``: every client goes away mid-stream.
@@ -49,7 +52,7 @@ import httpx
 
 from benchmarks.procs import ROOT
 
-FAULTS = ("worker-kill", "redis-restart", "web-kill", "disconnect")
+FAULTS = ("worker-kill", "worker-kill-continue", "redis-restart", "web-kill", "disconnect")
 MODEL_NAME = "tiny-gemma4"
 DATABASE = "gemma_faults"
 MAX_TOKENS = 1500
@@ -121,8 +124,20 @@ class Soak:
         self.stack, self.redis_server = stack, redis_server
         self.web, self.worker = stack.children[0], stack.children[1]
 
+    def prepare(self, fault: str) -> None:
+        """Before a round's requests: the second worker of the continuation fault."""
+        if fault == "worker-kill-continue":
+            from benchmarks.platform_stack import POOL
+
+            started = time.time()
+            self.stack.stack.start_worker(
+                "spare", POOL, model=self.stack.model_name, model_path=self.stack.model_dir, pod="bench-spare",
+                concurrency=self.stack.worker_concurrency, loglevel="WARNING",
+            )  # fmt: skip
+            self.stack.stack.wait_ready(POOL, count=2, since=started)
+
     def inject(self, fault: str) -> None:
-        if fault == "worker-kill":
+        if fault in ("worker-kill", "worker-kill-continue"):
             self.worker.send(signal.SIGKILL)  # the whole group: the Celery worker and its engine
         elif fault == "redis-restart":
             self.redis_server.stop()
@@ -146,11 +161,13 @@ class Soak:
         if fault in ("web-kill", "disconnect"):
             not_stopped = self._wait_ended([o.request_id for o in outcomes if o.request_id])
             self._engine(suspend=False)
-        if fault == "worker-kill":
+        if fault in ("worker-kill", "worker-kill-continue"):
             self.worker.process.wait()
             since = time.time()
             self.worker.start()
             self.stack._wait_worker_ready(since=since)
+        if fault == "worker-kill-continue":
+            self.stack.stack.stop("spare")
         self.web.wait_http(f"{self.stack.base_url.removesuffix('/v1')}/healthz", 120)
         return not_stopped
 
@@ -186,6 +203,7 @@ class Soak:
         return len(pending)
 
     def round(self, fault: str, streams: int) -> dict:
+        self.prepare(fault)
         outcomes = [Outcome() for _ in range(streams)]
         clients = [
             threading.Thread(
