@@ -3,7 +3,8 @@
     python -m benchmarks.routing_cost [--workers 8] [--chunks-per-worker 100000] [--decisions 2000]
 
 Against a real Redis (``--redis-url``, a database this tool empties), it fills the index of each of
-``--workers`` ready workers with ``--chunks-per-worker`` chunks and ``--open`` open requests, then
+``--workers`` ready workers with ``--chunks-per-worker`` chunks (their cap set above that, as for
+engines whose KV cache holds them) and ``--open`` open requests, then
 times ``gateway.routing.choose_worker`` end to end (the prompt's hashing, the decision script and
 its bookkeeping, one round trip) for prompts of ``--prompt-tokens`` tokens, half of them sharing an
 indexed prefix, and prints p50/p99/max per decision and the index's bytes per chunk (Redis's own
@@ -27,6 +28,8 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("SECRET_KEY", "routing-cost-benchmark")
     os.environ["REDIS_URL"] = args.redis_url
+    # Each index holds its chunks (none trimmed while timing): an engine whose KV cache holds as many.
+    os.environ["ROUTING_INDEX_CHUNKS"] = str(2 * args.chunks_per_worker)
     import django
 
     django.setup()
@@ -72,6 +75,7 @@ def _fill(client, args) -> list[list[int]]:
                 pipe.execute()
         for r in range(args.open):
             pipe.hset(routing.open_key(name), f"open-{w}-{r}", f"{args.prompt_tokens}:{time.time()}")
+            pipe.hincrby(routing.open_key(name), routing.LOAD_FIELD, args.prompt_tokens)
         pipe.execute()
         prompt = [random.randrange(262_144) for _ in range(per_prompt * chunk_tokens)]
         prefixes.append(prompt)

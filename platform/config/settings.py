@@ -177,7 +177,7 @@ if ROUTING_POLICY not in ("cache_aware", "least_loaded", "round_robin", "pool"):
     raise ConfigError(
         f"ROUTING_POLICY must be cache_aware, least_loaded, round_robin or pool, not {ROUTING_POLICY!r}"
     )
-ROUTING_CHUNK_TOKENS = env_int("ROUTING_CHUNK_TOKENS", 32, minimum=1)
+ROUTING_CHUNK_TOKENS = env_int("ROUTING_CHUNK_TOKENS", 64, minimum=1)
 ROUTING_INDEX_CHUNKS = env_int("ROUTING_INDEX_CHUNKS", 65_536, minimum=1)
 ROUTING_PREFILL_WEIGHT = env_float("ROUTING_PREFILL_WEIGHT", 1.0, minimum=0)
 ROUTING_LOAD_WEIGHT = env_float("ROUTING_LOAD_WEIGHT", 1.0, minimum=0)

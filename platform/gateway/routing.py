@@ -16,11 +16,11 @@ bookkeeping that follows it):
   the engine's own prefix cache evicts the least recently used blocks. The overlap with a worker is
   the longest indexed prefix of the prompt's chain (a binary search: a chain's chunks are indexed and
   touched together, so an indexed chunk implies its prefix).
-- **Load.** Each worker's open requests (`route:open:<worker>`: request → the tokens it brings) are
-  kept by the gateway: added here, removed by `release` when the gateway stops following the
-  request (its end, a failure, a client gone). The load is the sum of the tokens its open requests
-  bring to the engine (prompt tokens not found in its cache plus `max_tokens`): the same unit as the
-  prefill a cache hit saves.
+- **Load.** Each worker's open requests (`route:open:<worker>`: request → the tokens it brings, and
+  their sum under the field `=`) are kept by the gateway: added here, removed by `release` when the
+  gateway stops following the request (its end, a failure, a client gone). The load is the sum of
+  the tokens its open requests bring to the engine (prompt tokens not found in its cache plus
+  `max_tokens`): the same unit as the prefill a cache hit saves.
 - **Adapters.** A worker that already holds the request's adapter saves loading it:
   ROUTING_ADAPTER_LOAD_TOKENS of cost, the same unit again.
 
@@ -152,14 +152,14 @@ def release(request_id: str, worker: str) -> None:
     Through a Redis outage the entry stays until `routing_reap`."""
     if worker:
         with contextlib.suppress(*REDIS_UNAVAILABLE):
-            get_redis().hdel(open_key(worker), request_id)
+            get_redis().eval(_RELEASE_SCRIPT, 1, open_key(worker), request_id)
 
 
 async def release_async(request_id: str, worker: str) -> None:
     """`release`, on the event loop. Through a Redis outage the entry stays until `routing_reap`."""
     if worker:
         with contextlib.suppress(*REDIS_UNAVAILABLE):
-            await get_async_redis().hdel(open_key(worker), request_id)
+            await get_async_redis().eval(_RELEASE_SCRIPT, 1, open_key(worker), request_id)
 
 
 def routing_reap(*, now: float | None = None) -> int:
@@ -179,8 +179,22 @@ def routing_reap(*, now: float | None = None) -> int:
 
 
 def _reap_open(redis, worker: str, before: float) -> int:
-    stale = [rid for rid, value in redis.hgetall(open_key(worker)).items() if float(value.split(":")[1]) < before]
-    return redis.hdel(open_key(worker), *stale) if stale else 0
+    entries = redis.hgetall(open_key(worker)).items()
+    stale = [rid for rid, value in entries if rid != LOAD_FIELD and float(value.split(":")[1]) < before]
+    return sum(redis.eval(_RELEASE_SCRIPT, 1, open_key(worker), rid) for rid in stale)
+
+
+# The field of a worker's open requests that holds their tokens' sum (request ids never equal it).
+LOAD_FIELD = "="
+
+# KEYS[1] a worker's open requests, ARGV[1] a request id: removed, its tokens out of the sum.
+_RELEASE_SCRIPT = """
+local value = redis.call('HGET', KEYS[1], ARGV[1])
+if not value then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HINCRBY', KEYS[1], '=', -tonumber(string.match(value, '^(%d+)')))
+return 1
+"""
 
 
 # KEYS[1] the pool's heartbeat set, KEYS[2] the pool's round-robin counter.
@@ -213,12 +227,8 @@ local function overlap(idx)
 end
 
 local function load(open)
-  local tokens, count = 0, 0
-  for _, value in ipairs(redis.call('HVALS', open)) do
-    tokens = tokens + tonumber(string.match(value, '^(%d+)'))
-    count = count + 1
-  end
-  return tokens, count
+  local tokens = tonumber(redis.call('HGET', open, '=') or '0')
+  return tokens, math.max(0, redis.call('HLEN', open) - 1)
 end
 
 local candidates = {}
@@ -256,6 +266,7 @@ end
 
 local brings = math.max(0, prompt_tokens - best_hit * chunk_tokens) + max_tokens
 redis.call('HSET', ARGV[4] .. best.name, rid, brings .. ':' .. now)
+redis.call('HINCRBY', ARGV[4] .. best.name, '=', brings)
 redis.call('EXPIRE', ARGV[4] .. best.name, ttl)
 if nchunks > 0 then
   local idx = ARGV[3] .. best.name

@@ -9,7 +9,7 @@ from contract.protocol import RequestInput
 from gateway import routing
 
 POOL = "route"
-CHUNK = 32
+CHUNK = 64
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +26,12 @@ def _worker(redis_client, name: str, *, state="ready", seen=None, lora=False, ad
     redis_client.zadd(protocol.pool_workers_key(POOL), {name: seen or time.time()})
     record = {"pool": POOL, "state": state, "lora": int(lora), "adapters": adapters, "kv_tokens": kv_tokens}
     redis_client.hset(protocol.worker_key(name), mapping=record)
+
+
+def _open(redis_client, worker: str, request_id: str, tokens: int, at: float | None = None) -> None:
+    """An open request of ``worker`` bringing ``tokens``, as the route step records it."""
+    redis_client.hset(routing.open_key(worker), request_id, f"{tokens}:{at or time.time()}")
+    redis_client.hincrby(routing.open_key(worker), routing.LOAD_FIELD, tokens)
 
 
 _ids = iter(range(10**9))
@@ -87,14 +93,14 @@ def test_a_hit_loses_to_a_worker_much_less_loaded(redis_client):
     home = routing.choose_worker(_request(_prefix(1)), POOL).worker
     other = "b#2" if home == "a#1" else "a#1"
     # The holder is given more open work than the whole prompt's prefill.
-    redis_client.hset(routing.open_key(home), "busy", f"{60 * CHUNK}:{time.time()}")
+    _open(redis_client, home, "busy", 60 * CHUNK)
     assert routing.choose_worker(_request(_prefix(1)), POOL).worker == other
 
 
 def test_without_index_data_the_least_loaded_worker_gets_it(redis_client):
     _worker(redis_client, "a#1")
     _worker(redis_client, "b#2")
-    redis_client.hset(routing.open_key("a#1"), "r1", f"500:{time.time()}")
+    _open(redis_client, "a#1", "r1", 500)
     assert routing.choose_worker(_request([1, 2, 3]), POOL).worker == "b#2"
 
 
@@ -102,14 +108,14 @@ def test_without_index_data_the_least_loaded_worker_gets_it(redis_client):
 def test_a_worker_not_ready_gets_nothing(redis_client, state):
     _worker(redis_client, "a#1", state=state)
     _worker(redis_client, "b#2")
-    redis_client.hset(routing.open_key("b#2"), "r1", f"100000:{time.time()}")
+    _open(redis_client, "b#2", "r1", 100000)
     assert routing.choose_worker(_request(_prefix(1)), POOL).worker == "b#2"
 
 
 def test_a_stale_worker_gets_nothing(redis_client):
     _worker(redis_client, "gone#1", seen=time.time() - 3600)
     _worker(redis_client, "b#2")
-    redis_client.hset(routing.open_key("b#2"), "r1", f"100000:{time.time()}")
+    _open(redis_client, "b#2", "r1", 100000)
     assert routing.choose_worker(_request(_prefix(1)), POOL).worker == "b#2"
 
 
@@ -126,6 +132,9 @@ def test_the_open_requests_are_released_when_the_gateway_lets_go(redis_client):
     assert int(brings.split(":")[0]) == 20 * CHUNK + 100
     routing.release(request.request_id, route.worker)
     assert not redis_client.hexists(routing.open_key(route.worker), request.request_id)
+    assert redis_client.hget(routing.open_key(route.worker), routing.LOAD_FIELD) == "0"
+    routing.release(request.request_id, route.worker)  # a second release changes nothing
+    assert redis_client.hget(routing.open_key(route.worker), routing.LOAD_FIELD) == "0"
 
 
 def test_an_index_holds_at_most_what_its_engine_caches(redis_client):
@@ -140,11 +149,13 @@ def test_the_reaper_drops_lost_workers_and_unreleased_requests(redis_client):
     _worker(redis_client, "a#1")
     _worker(redis_client, "gone#2", seen=time.time() - 3600)
     redis_client.zadd(routing.index_key("gone#2"), {"ab": 1})
-    redis_client.hset(routing.open_key("gone#2"), "r1", f"10:{time.time()}")
-    redis_client.hset(routing.open_key("a#1"), mapping={"old": "10:1000", "new": f"10:{time.time()}"})
+    _open(redis_client, "gone#2", "r1", 10)
+    _open(redis_client, "a#1", "old", 10, at=1000)
+    _open(redis_client, "a#1", "new", 10)
     assert routing.routing_reap() == 3
     assert not redis_client.exists(routing.index_key("gone#2"), routing.open_key("gone#2"))
-    assert redis_client.hkeys(routing.open_key("a#1")) == ["new"]
+    assert redis_client.hgetall(routing.open_key("a#1")).keys() == {"new", routing.LOAD_FIELD}
+    assert redis_client.hget(routing.open_key("a#1"), routing.LOAD_FIELD) == "10"
 
 
 def test_round_robin_takes_the_ready_workers_in_turn(redis_client, settings):
@@ -174,6 +185,6 @@ def test_a_worker_holding_the_adapter_is_preferred_and_one_without_lora_never_ge
     _worker(redis_client, "plain#1", lora=False)
     _worker(redis_client, "holder#2", lora=True, adapters="5,7")
     _worker(redis_client, "other#3", lora=True, adapters="9")
-    redis_client.hset(routing.open_key("holder#2"), "r1", f"1000:{time.time()}")  # busier, still cheaper
+    _open(redis_client, "holder#2", "r1", 1000)  # busier, still cheaper
     assert routing.choose_worker(_request([1, 2], adapter_id=5), POOL).worker == "holder#2"
     assert routing.choose_worker(_request([1, 2], adapter_id=6), POOL).worker == "other#3"
