@@ -99,6 +99,9 @@ def _stream(base_url: str, key: str, outcome: Outcome, leave_after_text: bool) -
                           timeout=httpx.Timeout(HANG_SECONDS, connect=30)) as response:  # fmt: skip
             outcome.request_id = response.headers.get("x-request-id", "")
             outcome.status = response.status_code
+            if response.status_code != 200:
+                outcome.error = f"HTTP {response.status_code}: {response.read()[:200]!r}"
+                return
             for line in response.iter_lines():
                 if line == "data: [DONE]":
                     outcome.done = True
@@ -162,10 +165,13 @@ class Soak:
             not_stopped = self._wait_ended([o.request_id for o in outcomes if o.request_id])
             self._engine(suspend=False)
         if fault in ("worker-kill", "worker-kill-continue"):
+            from benchmarks.platform_stack import POOL
+
             self.worker.process.wait()
             since = time.time()
             self.worker.start()
-            self.stack._wait_worker_ready(since=since)
+            # Both workers heartbeat after the restart: the restarted one is ready, not only the spare.
+            self.stack.stack.wait_ready(POOL, count=2 if fault == "worker-kill-continue" else 1, since=since)
         if fault == "worker-kill-continue":
             self.stack.stack.stop("spare")
         self.web.wait_http(f"{self.stack.base_url.removesuffix('/v1')}/healthz", 120)
