@@ -9,6 +9,7 @@ import httpx
 import pytest
 import redis
 
+from contract import protocol
 from tests.e2e.stack import (
     PausedEngine,
     engine_processes,
@@ -53,12 +54,16 @@ def test_streams_of_a_killed_worker_continue_on_another_worker_exactly_once(live
     _, key = make_tenant("alice")
     client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
     stack.start_worker(name="first", pool=POOL, concurrency=8)
+    stack.start_worker(name="second", pool=POOL, concurrency=8)
     try:
-        stack.wait_ready(pool=POOL)
-        streams = _four_streams_generating_on_a_paused_engine(stack, key, client)
-        # The second worker comes up while the first holds every stream, then the first dies.
-        stack.start_worker(name="second", pool=POOL, concurrency=8)
         stack.wait_ready(pool=POOL, count=2)
+        # The second worker drains while the streams start, so the route step gives every one to
+        # the first; it is back (ready) before the first dies. Both engines start before anything
+        # is paused: an engine starting beside a paused one could starve the first worker's
+        # heartbeat on a busy machine, and it would be given up before the second could take over.
+        _set_draining(client, "second-pod", True)
+        streams = _four_streams_generating_on_a_paused_engine(stack, key, client)
+        _set_draining(client, "second-pod", False)
         stack.stop("first", sig=signal.SIGKILL)  # its whole process group, the paused engine too
         for stream in streams:
             stream.join(timeout=600)
@@ -69,6 +74,22 @@ def test_streams_of_a_killed_worker_continue_on_another_worker_exactly_once(live
                 stack.stop(name, sig=signal.SIGKILL)
     for stream in streams:
         _assert_one_unbroken_response(stream, client)
+
+
+def _set_draining(client, pod: str, draining: bool) -> None:
+    """Ask the worker of ``pod`` to drain (or to serve again) and wait until its heartbeat says so."""
+    if draining:
+        client.sadd(protocol.pool_drain_key(POOL), pod)
+    else:
+        client.srem(protocol.pool_drain_key(POOL), pod)
+    wanted = "draining" if draining else "ready"
+
+    def reached() -> bool:
+        names = client.zrange(protocol.pool_workers_key(POOL), 0, -1)
+        records = [client.hgetall(protocol.worker_key(name)) for name in names]
+        return any(record.get("pod") == pod and record.get("state") == wanted for record in records)
+
+    wait_until(reached, f"the worker of {pod} never reported {wanted}", 60)
 
 
 def _four_streams_generating_on_a_paused_engine(stack, key: str, client) -> list[_Stream]:
