@@ -139,7 +139,7 @@ def queue_name(pool: str) -> str:
 
 
 def worker_queue_name(identity: str) -> str:
-    """The queue only this worker process consumes: requests sent to it because it holds their adapter."""
+    """The queue only this worker process consumes: the requests the route step sent to it (gateway/routing.py)."""
     return f"worker.{identity}"
 
 

@@ -59,7 +59,6 @@ from contract.outage import REDIS_UNAVAILABLE
 from contract.protocol import RequestInput
 from gateway.errors import ServiceUnavailable
 
-POLICIES = ("cache_aware", "least_loaded", "round_robin", "pool")
 ROUTE_INDEX_TTL_SECONDS = 3600
 # An open request the gateway never released (its web process died) stops counting as load after this.
 OPEN_REQUEST_MAX_SECONDS = 3600
